@@ -1,0 +1,48 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# The virtual environment is built on first use. On a machine without an NVIDIA GPU we install the
+# CPU build of torch first, so pip never pulls a multi-GB CUDA build; a GPU machine keeps the torch
+# it has (set LIONCUB_SYSTEM_TORCH=1 to reuse the system's site-packages).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+CPU_TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.lioncub-installed
+
+.PHONY: demo test lint notebooks bench clean-venv lab-clean validation
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || { \
+	  if [ "$${LIONCUB_SYSTEM_TORCH:-0}" = 1 ]; then $(PYTHON) -m venv --system-site-packages $(VENV); \
+	  else $(PYTHON) -m venv $(VENV); fi; }
+	@if ! $(PY) -c "import torch" 2>/dev/null; then \
+	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
+	  else $(PY) -m pip install -q $(CPU_TORCH); fi; fi
+	$(PY) -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/lioncub demo
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -x --timeout=600
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+
+notebooks: $(STAMP)
+	$(PY) -m pip install -q '.[notebooks]' && $(VENV)/bin/jupyter lab notebooks/
+
+bench: $(STAMP)
+	$(VENV)/bin/lioncub bench step
+	$(VENV)/bin/lioncub bench kernels
+	$(VENV)/bin/lioncub bench simulator
+
+validation: $(STAMP)
+	$(VENV)/bin/lioncub lab validate --output docs/VALIDATION.md
+
+lab-clean: $(STAMP)
+	$(VENV)/bin/lioncub lab clean
+
+clean-venv:
+	rm -rf $(VENV)
