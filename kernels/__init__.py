@@ -1,0 +1,76 @@
+"""lioncub.kernels: the codecs of the compressed Lion step, as Triton kernels and plain-torch twins.
+
+Dispatch is chosen by `LIONCUB_KERNELS`:
+  auto   (default) Triton on CUDA tensors, the torch twins on CPU tensors;
+  torch  the torch twins everywhere;
+  triton Triton everywhere; CPU tensors then need TRITON_INTERPRET=1 (there is no silent fallback).
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from . import reference
+
+MODES = ("auto", "torch", "triton")
+OPS = ("lion_step", "prepass", "quantize_pack", "vote", "unpack_apply")
+
+
+def mode() -> str:
+    value = os.environ.get("LIONCUB_KERNELS", "auto").strip().lower() or "auto"
+    if value not in MODES:
+        raise ValueError(f"LIONCUB_KERNELS={value!r}: choose one of {', '.join(MODES)}")
+    return value
+
+
+def _triton_available() -> bool:
+    try:
+        importlib.import_module("triton")
+    except ImportError:
+        return False
+    return True
+
+
+def backend_for(tensor) -> str:
+    """'triton' or 'torch' for an op on this tensor under the current LIONCUB_KERNELS."""
+    m = mode()
+    if m == "torch":
+        return "torch"
+    if m == "triton":
+        if not _triton_available():
+            raise RuntimeError("LIONCUB_KERNELS=triton but triton is not installed")
+        if not tensor.is_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            raise RuntimeError(
+                "LIONCUB_KERNELS=triton on CPU tensors needs the Triton interpreter: set TRITON_INTERPRET=1 "
+                "(slow; meant for tests), or use LIONCUB_KERNELS=auto|torch"
+            )
+        return "triton"
+    return "triton" if tensor.is_cuda and _triton_available() else "torch"
+
+
+def implementation(tensor):
+    """The module that implements the ops for this tensor."""
+    if backend_for(tensor) == "torch":
+        return reference
+    return importlib.import_module("lioncub.kernels.triton_ops")
+
+
+def lion_step(p, g, m, **kw):
+    return implementation(p).lion_step(p, g, m, **kw)
+
+
+def prepass(method, g, m, **kw):
+    return implementation(g).prepass(method, g, m, **kw)
+
+
+def quantize_pack(method, g, m, out, **kw):
+    return implementation(g).quantize_pack(method, g, m, out, **kw)
+
+
+def vote(rows, out_sign, out_nonzero=None):
+    return implementation(rows).vote(rows, out_sign, out_nonzero)
+
+
+def unpack_apply(method, p, code, **kw):
+    return implementation(p).unpack_apply(method, p, code, **kw)

@@ -1,0 +1,18 @@
+"""The lab: an emulated Ethernet cluster on one machine (network namespaces, veth, a bridge, tbf).
+
+See docs/LAB.md. Nothing here imports torch; only the ranks do.
+"""
+
+from .lab import Lab, check_latency
+from .launch import RankResult, report
+from .netns import LabError, LabPermissionError, missing_privileges
+
+__all__ = [
+    "Lab",
+    "LabError",
+    "LabPermissionError",
+    "RankResult",
+    "check_latency",
+    "missing_privileges",
+    "report",
+]

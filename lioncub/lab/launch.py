@@ -1,0 +1,180 @@
+"""Start one process per rank inside its host's namespace and collect what each reports.
+
+Rank r runs on host r // ranks_per_host under `ip netns exec`, with the torchrun-style environment
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR on host 0, ...) and GLOO_SOCKET_IFNAME naming the host's
+lab interface. A rank reports a result by writing JSON to $LIONCUB_LAB_RESULT (see `report`).
+
+The first rank that exits non-zero or is killed fails the whole run at once: the launcher kills every
+other rank (each in its own process group) and raises LabError naming the rank and quoting its
+stderr. Ranks also get SIGKILL from the kernel if the launcher itself dies (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .netns import LabError, Network
+
+MASTER_PORT = 29500  # each lab has its own namespaces, so a fixed port never collides with other runs
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def report(result) -> None:
+    """Called inside a rank: hand a JSON-serializable result back to the launcher (no-op elsewhere)."""
+    path = os.environ.get("LIONCUB_LAB_RESULT")
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(result, f)
+        os.replace(tmp, path)
+
+
+@dataclass
+class RankResult:
+    rank: int
+    host: int
+    returncode: int
+    stdout: str
+    stderr: str
+    result: object = None
+
+
+def _die_with_parent() -> None:
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+def _describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _tail(path: Path, limit: int = 3000) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-limit:]
+
+
+def launch(
+    net: Network,
+    argv: list[str],
+    ranks: int,
+    ranks_per_host: int = 1,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    port: int = MASTER_PORT,
+    stream_rank0: bool = False,
+) -> list[RankResult]:
+    """Run `argv` as `ranks` ranks on the lab's first ceil(ranks / ranks_per_host) hosts."""
+    if ranks < 1 or ranks_per_host < 1:
+        raise ValueError("ranks and ranks_per_host must be positive")
+    if -(-ranks // ranks_per_host) > len(net.hosts):
+        raise ValueError(
+            f"{ranks} ranks at {ranks_per_host} per host need {-(-ranks // ranks_per_host)} hosts; "
+            f"the lab has {len(net.hosts)}"
+        )
+    if argv and argv[0].endswith(".py"):
+        argv = [sys.executable, *argv]
+    with tempfile.TemporaryDirectory(prefix=f"lioncub-lab-{net.run_id}-") as tmp:
+        logs = Path(tmp)
+        procs: list[subprocess.Popen] = []
+        try:
+            for rank in range(ranks):
+                host = net.hosts[rank // ranks_per_host]
+                renv = dict(os.environ)
+                renv.update(env or {})
+                renv.update(
+                    RANK=str(rank),
+                    WORLD_SIZE=str(ranks),
+                    LOCAL_RANK=str(rank % ranks_per_host),
+                    LOCAL_WORLD_SIZE=str(ranks_per_host),
+                    GROUP_RANK=str(host.index),
+                    MASTER_ADDR=net.hosts[0].addr,
+                    MASTER_PORT=str(port),
+                    GLOO_SOCKET_IFNAME=host.ifname,
+                    LIONCUB_LAB_RUN=net.run_id,
+                    LIONCUB_LAB_RESULT=str(logs / f"result{rank}.json"),
+                )
+                renv.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's few cores
+                quiet = rank > 0 or not stream_rank0
+                with open(logs / f"out{rank}", "w") as out, open(logs / f"err{rank}", "w") as err:
+                    procs.append(
+                        subprocess.Popen(
+                            ["ip", "netns", "exec", host.netns, *argv],
+                            env=renv,
+                            stdin=subprocess.DEVNULL,
+                            stdout=out if quiet else None,
+                            stderr=err if quiet else None,
+                            start_new_session=True,  # the whole rank, children included, can be killed
+                            preexec_fn=_die_with_parent,
+                        )
+                    )
+            _wait(procs, logs, ranks_per_host, timeout)
+        finally:
+            _kill_all(procs)
+        results = []
+        for rank, proc in enumerate(procs):
+            out = logs / f"result{rank}.json"
+            results.append(
+                RankResult(
+                    rank,
+                    rank // ranks_per_host,
+                    proc.returncode,
+                    _tail(logs / f"out{rank}", 1 << 20),
+                    _tail(logs / f"err{rank}", 1 << 20),
+                    json.loads(out.read_text()) if out.exists() else None,
+                )
+            )
+        return results
+
+
+def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            # several ranks may fail in one poll: the one killed by a signal is the cause, the rest
+            # usually died of the broken connections it left
+            rank = min(failed, key=lambda r: (codes[r] >= 0, r))
+            others = [r for r in failed if r != rank]
+            msg = (
+                f"rank {rank} (host {rank // ranks_per_host}) {_describe_exit(codes[rank])}; "
+                f"the run was stopped"
+            )
+            if others:
+                msg += f" (ranks {others} failed too)"
+            tail = _tail(logs / f"err{rank}")
+            raise LabError(msg + (f"\n--- rank {rank} stderr (tail) ---\n{tail}" if tail else ""))
+        if all(c == 0 for c in codes):
+            return
+        if deadline is not None and time.monotonic() > deadline:
+            running = [r for r, c in enumerate(codes) if c is None]
+            raise LabError(f"timed out after {timeout:g}s; ranks {running} still running")
+        time.sleep(0.02)
+
+
+def _kill_all(procs) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    for p in procs:
+        p.wait()

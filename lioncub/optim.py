@@ -1,0 +1,392 @@
+"""LionCub: Lion whose data-parallel ranks agree on a compressed update inside `step()`.
+
+Do not wrap the model in DDP: the optimizer does all communication itself, for every method including
+the `allreduce` baseline, so switching methods changes one argument. Call `broadcast_parameters(model)`
+once so every rank starts from the same weights.
+
+Parameters, gradients and momenta live in flat per-dtype buffers; each parameter's `.data` and `.grad`
+are views into them (as DDP does with gradient_as_bucket_view), so the codec kernels run once per bucket
+over contiguous memory and nothing is copied per step. Use `opt.zero_grad()`: it zeroes the buffers and
+keeps the views (a `.grad` that was set to None or replaced still works, at the cost of a copy).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from lioncub import kernels, schedules, wire
+from lioncub.transport import BucketWire, agree_count, allreduce_mean_, group_rank_size, traffic
+
+log = logging.getLogger("lioncub")
+
+
+@dataclass
+class CommStats:
+    """Per-rank communication and timing figures. `last_*` describe the most recent step."""
+
+    steps: int = 0
+    skipped_steps: int = 0
+    momentum_syncs: int = 0
+    last_bytes_sent: int = 0
+    last_bytes_recv: int = 0
+    last_collectives: int = 0
+    last_quantize_s: float = 0.0
+    last_comm_s: float = 0.0
+    last_apply_s: float = 0.0
+    last_sync_s: float = 0.0
+    total_bytes_sent: int = 0
+    total_bytes_recv: int = 0
+    total_collectives: int = 0
+    total_quantize_s: float = 0.0
+    total_comm_s: float = 0.0
+    total_apply_s: float = 0.0
+    total_sync_s: float = 0.0
+
+    def record(self, sent, recv, collectives, quantize, comm, apply, sync):
+        self.last_bytes_sent, self.last_bytes_recv, self.last_collectives = sent, recv, collectives
+        self.last_quantize_s, self.last_comm_s, self.last_apply_s, self.last_sync_s = quantize, comm, apply, sync
+        self.total_bytes_sent += sent
+        self.total_bytes_recv += recv
+        self.total_collectives += collectives
+        self.total_quantize_s += quantize
+        self.total_comm_s += comm
+        self.total_apply_s += apply
+        self.total_sync_s += sync
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Bucket:
+    """A contiguous run of whole parameters of one param group, dtype and device."""
+
+    def __init__(self, group_index, params, p, g, m, offsets):
+        self.group_index, self.params = group_index, params
+        self.p, self.g, self.m = p, g, m  # flat views
+        self.offsets = offsets  # segment boundaries, one segment per parameter tensor
+        self.n = p.numel()
+        self.wire: BucketWire | None = None
+
+
+class _Timer:
+    def __init__(self, sync_cuda: bool):
+        self.sync_cuda = sync_cuda
+
+    def __call__(self) -> float:
+        if self.sync_cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+
+def _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype):
+    wire.check_method(method)
+    if not lr >= 0:
+        raise ValueError(f"lr must be >= 0, got {lr}")
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas}; Lion's defaults are (0.9, 0.99)")
+    if not weight_decay >= 0:
+        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+    if not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    if grad_wire_dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"grad_wire_dtype must be torch.float32 or torch.bfloat16, got {grad_wire_dtype}")
+
+
+class LionCub(torch.optim.Optimizer):
+    """Lion with compressed data-parallel agreement.
+
+    Args:
+        params: parameters or param groups (lr, betas, weight_decay may differ per group).
+        lr, betas, weight_decay: as in Lion; the update is p <- p*(1 - lr*wd) - lr*U.
+        method: "allreduce" (average gradients, plain Lion: the baseline), "vote-allgather",
+            "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
+        levels: L1 levels s for "l1-pbit" (default max(1, 127 // world_size)).
+        momentum_sync: None, an int K (average momenta every K steps) or a schedule
+            (lioncub.EveryK, FirstSteps, Geometric).
+        process_group: the data-parallel group (default: the world, or none if not initialised).
+        bucket_mb: parameters are flattened into buckets of about this many MiB; one set of
+            collectives per bucket.
+        grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16).
+        skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
+            stats.skipped_steps).
+        timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
+    """
+
+    def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
+                 method: str = "l1-pbit", levels: int | None = None, momentum_sync=None,
+                 process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
+                 skip_nonfinite: bool = True, timing: bool = False):
+        _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        self.method, self.process_group = method, process_group
+        self.rank, self.world_size = group_rank_size(process_group)
+        self.levels = self._resolve_levels(levels)
+        self.schedule = schedules.resolve(momentum_sync)
+        if method == "allreduce" and momentum_sync is not None:
+            log.warning("LionCub: momentum_sync has no effect with method='allreduce' (momenta are global)")
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.grad_wire_dtype, self.skip_nonfinite, self.timing = grad_wire_dtype, skip_nonfinite, timing
+        self.stats = CommStats()
+        self._step = 0
+        self._momenta_identical = True
+        self._buckets = self._build_buckets()
+
+    # --- construction ---------------------------------------------------------------------------------
+
+    def _resolve_levels(self, levels):
+        if self.method != "l1-pbit":
+            if levels is not None:
+                raise ValueError(f"levels applies only to method='l1-pbit', not {self.method!r}")
+            return 0
+        s = wire.default_levels(self.world_size) if levels is None else levels
+        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
+            raise ValueError(f"levels must be a positive integer, got {levels!r}")
+        try:
+            wire.field_layout("l1-pbit", self.world_size, s)
+        except ValueError as exc:
+            top = (2 ** wire.MAX_FIELD_WIDTH - 1) // (2 * self.world_size)
+            raise ValueError(f"levels={s} cannot fit for {self.world_size} ranks ({exc}); use levels <= {top}, "
+                             f"or leave levels=None for {wire.default_levels(self.world_size)}") from None
+        return s
+
+    @torch.no_grad()
+    def _build_buckets(self) -> list[Bucket]:
+        buckets, seen = [], set()
+        for gi, group in enumerate(self.param_groups):
+            by_kind: dict[tuple, list] = {}
+            for p in group["params"]:
+                if p.requires_grad and id(p) not in seen and p.numel() > 0:
+                    seen.add(id(p))
+                    by_kind.setdefault((p.device, p.dtype), []).append(p)
+            for (device, dtype), params in by_kind.items():
+                if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
+                total = sum(p.numel() for p in params)
+                P = torch.empty(total, dtype=dtype, device=device)
+                G = torch.zeros(total, dtype=dtype, device=device)
+                M = torch.zeros(total, dtype=dtype, device=device)
+                offset, start, members = 0, 0, []
+                for i, p in enumerate(params):
+                    n = p.numel()
+                    P[offset : offset + n].copy_(p.data.reshape(-1))
+                    if p.grad is not None:
+                        G[offset : offset + n].copy_(p.grad.reshape(-1))
+                    p.data = P[offset : offset + n].view_as(p)
+                    p.grad = G[offset : offset + n].view_as(p)
+                    self.state[p]["exp_avg"] = M[offset : offset + n].view_as(p)
+                    offset += n
+                    members.append(p)
+                    full = (offset - start) * P.element_size() >= self.bucket_bytes
+                    if full or i == len(params) - 1:
+                        bounds = [0]
+                        for q in members:
+                            bounds.append(bounds[-1] + q.numel())
+                        buckets.append(Bucket(gi, members, P[start:offset], G[start:offset],
+                                              M[start:offset], bounds))
+                        start, members = offset, []
+        return buckets
+
+    # --- gradients ------------------------------------------------------------------------------------
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the flat gradient buffers, keeping each .grad a view into them (set_to_none is ignored:
+        a None gradient would cost a copy on the next step and counts as zero anyway)."""
+        for b in self._buckets:
+            b.g.zero_()
+            offset = 0
+            for p in b.params:
+                n = p.numel()
+                if p.grad is None or p.grad.data_ptr() != b.g[offset:].data_ptr():
+                    p.grad = b.g[offset : offset + n].view_as(p)
+                offset += n
+
+    @torch.no_grad()
+    def _collect_grads(self) -> None:
+        """Bring every gradient into its bucket view: None counts as zero, a replaced tensor is copied."""
+        for b in self._buckets:
+            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+                view = b.g[start:end]
+                grad = p.grad
+                if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
+                    continue
+                if grad is None:
+                    view.zero_()
+                else:
+                    if grad.is_sparse:
+                        raise ValueError("LionCub does not support sparse gradients")
+                    view.copy_(grad.reshape(-1))
+                p.grad = view.view_as(p)
+
+    # --- the step -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self._step += 1
+        self.stats.steps += 1
+        self._collect_grads()
+        clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
+        if self.method == "allreduce":
+            self._step_allreduce(clock)
+        elif self.world_size == 1:
+            self._step_local(clock)
+        else:
+            self._step_compressed(clock)
+        return loss
+
+    def _hyper(self, b: Bucket) -> dict:
+        group = self.param_groups[b.group_index]
+        beta1, beta2 = group["betas"]
+        return dict(lr=group["lr"], wd=group["weight_decay"], beta1=beta1, beta2=beta2)
+
+    def _skip(self, why: str, collectives=(), comm_s: float = 0.0) -> None:
+        self.stats.skipped_steps += 1
+        sent, recv = traffic(list(collectives), self.world_size)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0)
+        if self.rank == 0:
+            log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
+                        self._step, why, self.stats.skipped_steps)
+
+    def _step_local(self, clock) -> None:
+        t0 = clock()
+        if self.skip_nonfinite and not all(bool(torch.isfinite(b.g).all()) for b in self._buckets):
+            return self._skip("non-finite gradient")
+        for b in self._buckets:
+            kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
+        self.stats.record(0, 0, 0, 0.0, 0.0, clock() - t0, 0.0)
+
+    def _step_allreduce(self, clock) -> None:
+        t0 = clock()
+        collectives = []
+        for b in self._buckets:
+            if self.world_size > 1:
+                allreduce_mean_(b.g, self.process_group, self.grad_wire_dtype)
+                if b.wire is None:
+                    b.wire = BucketWire("allreduce", b.n, b.g.device, self.process_group,
+                                        grad_wire_dtype=self.grad_wire_dtype)
+                collectives += b.wire.collectives
+        t1 = clock()
+        # the reduced gradients are identical on all ranks, so this check agrees without a message
+        if self.skip_nonfinite and not all(bool(torch.isfinite(b.g).all()) for b in self._buckets):
+            return self._skip("non-finite gradient", collectives, t1 - t0)
+        for b in self._buckets:
+            kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
+        t2 = clock()
+        sent, recv = traffic(collectives, self.world_size)
+        self.stats.record(sent, recv, len(collectives), 0.0, t1 - t0, t2 - t1, 0.0)
+
+    def _step_compressed(self, clock) -> None:
+        method, N = self.method, self.world_size
+        t_quant = t_comm = t_apply = 0.0
+        t0 = clock()
+        mults, nonfinite = [], 0
+        for b in self._buckets:
+            h = self._hyper(b)
+            finite, mult = kernels.prepass(method, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
+                                           levels=self.levels)
+            nonfinite += not finite
+            mults.append(mult)
+        t1 = clock()
+        t_quant += t1 - t0
+        collectives = [wire.CONTROL]
+        bad = agree_count(int(nonfinite) if self.skip_nonfinite else 0, self.process_group,
+                          self._buckets[0].g.device if self._buckets else "cpu")
+        t2 = clock()
+        t_comm += t2 - t1
+        if bad:
+            return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, t2 - t1)
+        zero_parity = (self.rank + self._step) % 2
+        for b, mult in zip(self._buckets, mults):
+            h = self._hyper(b)
+            if b.wire is None:
+                b.wire = BucketWire(method, b.n, b.g.device, self.process_group, self.levels)
+            bw = b.wire
+            ta = clock()
+            kernels.quantize_pack(method, b.g, b.m, bw.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=zero_parity, layout=bw.layout, mult=mult,
+                                  offsets=b.offsets, levels=self.levels)
+            tb = clock()
+            code = bw.exchange()
+            tc = clock()
+            kernels.unpack_apply(method, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
+                                 levels=self.levels, layout=bw.layout)
+            td = clock()
+            t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
+            collectives += bw.collectives
+        self._momenta_identical = False
+        t_sync = 0.0
+        if self.schedule.should_sync(self._step):
+            ts = clock()
+            collectives += self._sync_momentum()
+            t_sync = clock() - ts
+        sent, recv = traffic(collectives, N)
+        self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync)
+
+    # --- momentum -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def _sync_momentum(self) -> list:
+        collectives = []
+        if self.world_size > 1:
+            for b in self._buckets:
+                allreduce_mean_(b.m, self.process_group, torch.float32)
+                collectives += wire.momentum_sync_collectives(b.n)
+        self.stats.momentum_syncs += 1
+        self._momenta_identical = True
+        return collectives
+
+    def sync_momentum(self) -> None:
+        """Average the momenta of all ranks now (a collective: every rank must call it). Do this before
+        saving a checkpoint that will be resumed with a different world size."""
+        self._sync_momentum()
+
+    # --- checkpoints ----------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd["lioncub"] = dict(step=self._step, world_size=self.world_size, rank=self.rank,
+                             method=self.method, levels=self.levels,
+                             momenta_identical=self._momenta_identical or self.method == "allreduce",
+                             stats=self.stats.as_dict())
+        return sd
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict) -> None:
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("lioncub", None) or {}
+        saved_n = extra.get("world_size", self.world_size)
+        if saved_n != self.world_size and not extra.get("momenta_identical", False):
+            raise ValueError(
+                f"this checkpoint was saved by {saved_n} ranks, each with its own momentum, and cannot be "
+                f"resumed on {self.world_size} ranks. Call opt.sync_momentum() (on every rank) right before "
+                f"saving, or save after a step that synced momenta, so the momenta are identical.")
+        if extra.get("method", self.method) != self.method:
+            log.warning("LionCub: resuming a %s checkpoint with method=%s", extra["method"], self.method)
+        views = {p: self.state[p]["exp_avg"] for b in self._buckets for p in b.params}
+        super().load_state_dict(state_dict)
+        for p, view in views.items():
+            loaded = self.state[p].get("exp_avg")
+            if loaded is not None and loaded is not view:
+                view.copy_(loaded.reshape(view.shape))
+            self.state[p]["exp_avg"] = view
+        self._step = extra.get("step", 0)
+        self._momenta_identical = bool(extra.get("momenta_identical", True))
+        if "stats" in extra:
+            self.stats = CommStats(**extra["stats"])
+
+    def __repr__(self) -> str:
+        n = sum(b.n for b in self._buckets)
+        return (f"LionCub(method={self.method!r}, world_size={self.world_size}, params={n}, "
+                f"buckets={len(self._buckets)}, levels={self.levels or None}, schedule={self.schedule})")
+
+
+def lion_step(p, g, m, *, lr: float, wd: float = 0.0, beta1: float = 0.9, beta2: float = 0.99) -> None:
+    """Functional single-process Lion on flat tensors (dispatches to the Triton or torch kernel)."""
+    kernels.lion_step(p, g, m, lr=lr, wd=wd, beta1=beta1, beta2=beta2)

@@ -1,0 +1,105 @@
+"""When to average the ranks' momenta (selective momentum synchronization).
+
+A schedule answers `should_sync(step)` for step = 1, 2, ... It is a pure function of the step, so every
+rank decides the same way without talking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EveryK:
+    """Average momenta after every k-th step."""
+
+    k: int
+
+    def __post_init__(self):
+        if not isinstance(self.k, int) or self.k < 1:
+            raise ValueError(f"momentum sync interval must be a positive integer, got {self.k!r}")
+
+    def should_sync(self, step: int) -> bool:
+        return step % self.k == 0
+
+    def rate(self, steps: int | None = None) -> float:
+        return 1.0 / self.k
+
+
+@dataclass(frozen=True)
+class FirstSteps:
+    """Every k-th step, but only during the first `until` steps (sync early, then run free)."""
+
+    k: int
+    until: int
+
+    def __post_init__(self):
+        EveryK(self.k)
+        if self.until < 0:
+            raise ValueError(f"until must be >= 0, got {self.until}")
+
+    def should_sync(self, step: int) -> bool:
+        return step <= self.until and step % self.k == 0
+
+    def rate(self, steps: int | None = None) -> float:
+        if steps is None:
+            return 0.0
+        return min(steps, self.until) // self.k / max(steps, 1)
+
+
+@dataclass(frozen=True)
+class Geometric:
+    """Dense early, sparser later: syncs at T_1, T_2, ... with T_0 = 0 and
+    T_{j+1} = T_j + max(1, floor(growth ** (j / k))), optionally capped at max_interval. With growth 2
+    the interval doubles every k syncs (the Lion Cub authors' geometric schedule)."""
+
+    k: float = 1.0
+    growth: float = 2.0
+    max_interval: int | None = None
+
+    def __post_init__(self):
+        if self.k <= 0 or self.growth < 1:
+            raise ValueError("Geometric needs k > 0 and growth >= 1")
+        if self.max_interval is not None and self.max_interval < 1:
+            raise ValueError("max_interval must be >= 1")
+
+    def _interval(self, j: int) -> int:
+        step = max(1, int(self.growth ** (j / self.k)))
+        return min(step, self.max_interval) if self.max_interval else step
+
+    def should_sync(self, step: int) -> bool:
+        t, j = 0, 0
+        while t < step:
+            t += self._interval(j)
+            j += 1
+        return t == step
+
+    def rate(self, steps: int | None = None) -> float:
+        steps = steps or 10_000
+        return sum(self.should_sync(s) for s in range(1, steps + 1)) / steps
+
+
+class Never:
+    def should_sync(self, step: int) -> bool:
+        return False
+
+    def rate(self, steps: int | None = None) -> float:
+        return 0.0
+
+    def __repr__(self) -> str:
+        return "Never()"
+
+
+def resolve(spec):
+    """None -> Never, int K -> EveryK(K), a schedule object -> itself."""
+    if spec is None or spec is False:
+        return Never()
+    if isinstance(spec, bool):
+        raise ValueError("momentum_sync=True is ambiguous: pass an interval K or a schedule")
+    if isinstance(spec, int):
+        return EveryK(spec)
+    if callable(getattr(spec, "should_sync", None)):
+        return spec
+    raise ValueError(
+        f"momentum_sync must be None, a positive int K, or a schedule (EveryK, FirstSteps, Geometric); got {spec!r}"
+    )

@@ -1,0 +1,200 @@
+"""Multi-rank scenarios run by the distributed tests (module-level functions, so spawned ranks can
+import them). Each returns plain data that the test asserts on."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import oracle
+import torch
+import torch.distributed as dist
+
+from lioncub import LionCub
+from lioncub.transport import CommError
+from lioncub.wire import METHODS, default_levels
+
+SHAPES = [(7, 5), (13,), (3, 3, 3), (1,), (33,), (2, 17)]
+BUCKET_MB = 256 / 2**20  # a few tensors per bucket, several buckets
+LR, WD, B1, B2 = 0.01, 0.1, 0.9, 0.99
+
+
+def make_params():
+    gen = torch.Generator().manual_seed(0)
+    fp32 = [torch.nn.Parameter(torch.randn(s, generator=gen)) for s in SHAPES]
+    bf16 = [torch.nn.Parameter(torch.randn(5, 3, generator=gen).bfloat16())]
+    fp16 = [torch.nn.Parameter(torch.randn(11, generator=gen).half())]
+    groups = [dict(params=fp32), dict(params=bf16, lr=0.02, weight_decay=0.0),
+              dict(params=fp16, lr=0.005, betas=(0.8, 0.95))]
+    return fp32 + bf16 + fp16, groups
+
+
+def make_grads(params, rank, step):
+    """Deterministic per (rank, step): exact zeros on every 5th element (c == 0 on all ranks at step 1,
+    when m == 0), extra zeros on some ranks, and a None gradient on odd ranks at odd steps."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    grads = []
+    for i, p in enumerate(params):
+        g = torch.randn(p.shape, generator=gen)
+        g.view(-1)[::5] = 0
+        if (rank + i) % 3 == 0:
+            g.view(-1)[1::4] = 0
+        grads.append(None if (i == 3 and rank % 2 and step % 2) else g.to(p.dtype))
+    return grads
+
+
+def assign(params, grads, step):
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if g is None:
+            p.grad = None
+        elif (i + step) % 2:  # alternately copy into the bucket view and replace the tensor
+            p.grad.copy_(g)
+        else:
+            p.grad = g.clone()
+
+
+def gather(t):
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t.contiguous())
+    return out
+
+
+def flat(tensors):
+    return torch.cat([t.detach().float().reshape(-1) for t in tensors])
+
+
+def _index_offsets(opt):
+    """Each parameter's offset inside its bucket (the 1-bit tie-break uses bucket-global indices)."""
+    offsets = {}
+    for b in opt._buckets:
+        for p, start in zip(b.params, b.offsets):
+            offsets[p] = start
+    return offsets
+
+
+def check_methods(rank, world_size, steps=4, momentum_sync=3):
+    """For every method: each step's applied update vs the oracle, momenta, replicas bit-identical."""
+    report = {}
+    for method in METHODS:
+        params, groups = make_params()
+        opt = LionCub(groups, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=BUCKET_MB,
+                      momentum_sync=None if method == "allreduce" else momentum_sync)
+        hyper = {id(p): (g["lr"], g["weight_decay"], *g["betas"]) for g in opt.param_groups for p in g["params"]}
+        offsets = _index_offsets(opt)
+        levels = default_levels(world_size) if method == "l1-pbit" else 0
+        r = dict(mismatch=0, rounding=0, elements=0, ties=0, zero_votes=0, momentum_err=0.0, replicas_equal=True)
+        for step in range(1, steps + 1):
+            grads = make_grads(params, rank, step)
+            assign(params, grads, step)
+            before = [p.detach().clone() for p in params]
+            moms = [opt.state[p]["exp_avg"].detach().clone() for p in params]
+            effective = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            opt.step()
+            all_g = gather(flat(effective))
+            all_m = gather(flat(moms))
+            start = 0
+            for p, p0, m0, g in zip(params, before, moms, effective):
+                n = p.numel()
+                lr, wd, b1, b2 = hyper[id(p)]
+                gs = [x[start : start + n] for x in all_g]
+                ms = [x[start : start + n] for x in all_m]
+                if method == "allreduce":
+                    gs, ms = [x.to(p.dtype).float() for x in gs], [x.to(p.dtype).float() for x in ms]
+                U = oracle.expected_update(method, gs, ms, b1, step, levels, offsets[p], p.dtype)
+                want = oracle.expected_params(p0.reshape(-1), U, lr, wd)
+                got = p.detach().reshape(-1)
+                if method == "avg-pbit":
+                    bad = ~torch.isclose(got.float(), want.float(), rtol=1e-6, atol=1e-9)
+                else:
+                    bad = got != want
+                if method == "allreduce":  # the all-reduce sums in its own order: flips only at |c| ~ 0
+                    c = oracle.direction(oracle.mean_gradient(gs, p.dtype), ms[0], b1)
+                    rounding = bad & (c.abs() <= 1e-6 * (c.abs().max() + 1e-30))
+                    r["rounding"] += int(rounding.sum())
+                    bad &= ~rounding
+                r["mismatch"] += int(bad.sum())
+                r["elements"] += n
+                if method != "allreduce":
+                    cs = [oracle.direction(x, y, b1) for x, y in zip(gs, ms)]
+                    r["zero_votes"] += int(sum((c == 0).sum() for c in cs))
+                    r["ties"] += int((U == 0).sum())
+                start += n
+            # momenta: local EMA of the local gradient (global for the baseline), averaged after syncs
+            for p, m0, g in zip(params, moms, effective):
+                lr, wd, b1, b2 = hyper[id(p)]
+                if method == "allreduce":
+                    g = p.grad  # the averaged gradient
+                want_m = (torch.mul(m0.float(), b2).add_(g.float(), alpha=1 - b2)).to(p.dtype)
+                if method != "allreduce" and step % momentum_sync == 0:
+                    want_m = (sum(gather(want_m.float())) / world_size).to(p.dtype)
+                err = (opt.state[p]["exp_avg"].float() - want_m.float()).abs().max().item()
+                r["momentum_err"] = max(r["momentum_err"], err)
+            r["replicas_equal"] &= all(torch.equal(x, gather(flat(params))[0]) for x in gather(flat(params)))
+            m_all = gather(flat([opt.state[p]["exp_avg"] for p in params]))
+            if method == "allreduce" or step % momentum_sync == 0:
+                r["replicas_equal"] &= all(torch.equal(m_all[0], x) for x in m_all)
+        r["stats"] = opt.stats.as_dict()
+        report[method] = r
+    return report
+
+
+def nonfinite_skip(rank, world_size, method, bad_rank, value):
+    params, groups = make_params()
+    opt = LionCub(groups, lr=LR, method=method, bucket_mb=BUCKET_MB)
+    out = []
+    for step in range(1, 4):
+        grads = make_grads(params, rank, step)
+        if step == 2 and rank == bad_rank:
+            grads[4].view(-1)[7] = value
+        assign(params, grads, step)
+        before = flat(params)
+        m_before = flat([opt.state[p]["exp_avg"] for p in params])
+        opt.step()
+        out.append(dict(params_changed=not torch.equal(before, flat(params)),
+                        momenta_changed=not torch.equal(m_before, flat([opt.state[p]["exp_avg"] for p in params])),
+                        finite=bool(torch.isfinite(flat(params)).all())))
+    return dict(steps=out, skipped=opt.stats.skipped_steps)
+
+
+def train_steps(rank, world_size, method, steps, state=None, sync_before_save=False):
+    """Run `steps` steps (continuing from `state` if given); return the state to resume from."""
+    params, groups = make_params()
+    opt = LionCub(groups, lr=LR, method=method, bucket_mb=BUCKET_MB, momentum_sync=2)
+    start = 0
+    if state is not None:
+        with torch.no_grad():
+            for p, saved in zip(params, state["params"]):
+                p.copy_(saved)
+        opt.load_state_dict(state["opt"])
+        start = state["step"]
+    for step in range(start + 1, start + steps + 1):
+        assign(params, make_grads(params, rank, step), step)
+        opt.step()
+    if sync_before_save:
+        opt.sync_momentum()
+    return dict(params=[p.detach().clone() for p in params], opt=opt.state_dict(), step=start + steps)
+
+
+def resume_from(rank, world_size, method, states):
+    """Each rank resumes from the state its own rank saved."""
+    return train_steps(rank, world_size, method, 3, states[rank])
+
+
+def dead_rank(rank, world_size, how):
+    """Rank world_size-1 dies (or stalls) before step 2; the others must raise CommError, not hang."""
+    params, groups = make_params()
+    opt = LionCub(groups, lr=LR, method="vote-1bit", bucket_mb=BUCKET_MB)
+    for step in range(1, 4):
+        if step == 2 and rank == world_size - 1:
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(12)  # stall well past the 5 s process-group timeout
+            return dict(error=None, stalled=True)
+        assign(params, make_grads(params, rank, step), step)
+        t0 = time.monotonic()
+        try:
+            opt.step()
+        except CommError as exc:
+            return dict(error=str(exc), seconds=time.monotonic() - t0, step=step)
+    return dict(error=None)

@@ -1,0 +1,153 @@
+"""LionCub in one process (torch.distributed not initialised): plain Lion, validation, schedules, views."""
+
+import pytest
+import torch
+
+from lioncub import EveryK, FirstSteps, Geometric, LionCub
+from lioncub.wire import METHODS
+
+
+def _model(seed=0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(37, 64), torch.nn.GELU(), torch.nn.Linear(64, 3)).to(dtype)
+
+
+def _train(model, opt, steps=15, seed=1, zero=None):
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(16, 37, generator=gen).to(next(model.parameters()).dtype)
+        y = torch.randint(0, 3, (16,), generator=gen)
+        (zero or opt.zero_grad)()
+        torch.nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_single_process_is_lion_pytorch_bit_for_bit(method):
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    a, b = _model(), _model()
+    _train(a, LionCub(a.parameters(), lr=1e-3, weight_decay=0.1, method=method, bucket_mb=0.004))
+    _train(b, lion_pytorch.Lion(b.parameters(), lr=1e-3, weight_decay=0.1))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_params_use_fp32_math_and_round_once(dtype):
+    model = _model(dtype=dtype)
+    opt = LionCub(model.parameters(), lr=1e-3, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        opt.zero_grad()
+        x = torch.randn(16, 37, generator=gen).to(dtype)
+        model(x).float().pow(2).mean().backward()
+        before = [(p.detach().clone(), p.grad.clone(), opt.state[p]["exp_avg"].clone()) for p in model.parameters()]
+        opt.step()
+        for p, (p0, g, m0) in zip(model.parameters(), before):
+            c = m0.float() * 0.9 + g.float() * 0.1
+            want_p = (p0.float() * (1 - 1e-4) - 1e-3 * torch.sign(c)).to(dtype)
+            want_m = (m0.float() * 0.99 + g.float() * 0.01).to(dtype)
+            assert torch.equal(p, want_p)
+            assert (opt.state[p]["exp_avg"].float() - want_m.float()).abs().max() <= torch.finfo(dtype).eps * (
+                want_m.float().abs().max() + 1e-6)
+
+
+def test_model_zero_grad_and_replaced_grads_still_work():
+    """model.zero_grad() sets .grad to None; the next backward allocates new tensors: LionCub copies them."""
+    lion_pytorch = pytest.importorskip("lion_pytorch")
+    a, b = _model(), _model()
+    _train(a, LionCub(a.parameters(), lr=1e-3), zero=a.zero_grad)
+    _train(b, lion_pytorch.Lion(b.parameters(), lr=1e-3))
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+
+
+def test_params_and_grads_are_views_into_flat_buckets():
+    model = _model()
+    opt = LionCub(model.parameters(), lr=1e-3, bucket_mb=0.004)
+    _train(model, opt, steps=2)
+    for b in opt._buckets:
+        storage = b.p.untyped_storage().data_ptr()
+        for p in b.params:
+            assert p.untyped_storage().data_ptr() == storage
+            assert p.grad.untyped_storage().data_ptr() == b.g.untyped_storage().data_ptr()
+    assert len(opt._buckets) >= 2
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(method="majority"), "unknown method 'majority'"),
+        (dict(lr=-1.0), "lr must be >= 0"),
+        (dict(betas=(0.9, 1.0)), r"betas must be two numbers in \[0, 1\)"),
+        (dict(betas=(-0.1, 0.99)), "betas"),
+        (dict(weight_decay=-0.1), "weight_decay"),
+        (dict(method="l1-pbit", levels=0), "levels must be a positive integer"),
+        (dict(method="l1-pbit", levels=2**40), "cannot fit"),
+        (dict(method="vote-1bit", levels=3), "levels applies only to method='l1-pbit'"),
+        (dict(momentum_sync=0), "positive integer"),
+        (dict(momentum_sync="often"), "momentum_sync must be"),
+        (dict(bucket_mb=0), "bucket_mb"),
+    ],
+)
+def test_bad_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LionCub(_model().parameters(), **kwargs)
+
+
+def test_nonfinite_gradient_skips_single_process_step():
+    model = _model()
+    opt = LionCub(model.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    next(model.parameters()).grad[0, 0] = float("nan")
+    opt.step()
+    assert opt.stats.skipped_steps == 1
+    assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+    assert all(torch.isfinite(s["exp_avg"]).all() for s in opt.state.values())
+
+
+def test_state_dict_round_trip_resumes_exactly():
+    a = _model()
+    opt_a = LionCub(a.parameters(), lr=1e-3)
+    _train(a, opt_a, steps=6, seed=3)
+    b = _model()
+    opt_b = LionCub(b.parameters(), lr=1e-3)
+    _train(b, opt_b, steps=3, seed=3)
+    saved = {"model": b.state_dict(), "opt": opt_b.state_dict()}
+    c = _model(seed=99)
+    opt_c = LionCub(c.parameters(), lr=1e-3)
+    c.load_state_dict(saved["model"])
+    opt_c.load_state_dict(saved["opt"])
+    # replay the remaining 3 batches of the same stream
+    gen = torch.Generator().manual_seed(3)
+    for i in range(6):
+        x, y = torch.randn(16, 37, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+        if i < 3:
+            continue
+        opt_c.zero_grad()
+        torch.nn.functional.cross_entropy(c(x), y).backward()
+        opt_c.step()
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
+    assert opt_c._step == 6
+    # momentum is still a view into the flat buffer after loading
+    p0 = next(c.parameters())
+    assert opt_c.state[p0]["exp_avg"].untyped_storage().data_ptr() == opt_c._buckets[0].m.untyped_storage().data_ptr()
+
+
+def test_schedules():
+    assert [s for s in range(1, 13) if EveryK(4).should_sync(s)] == [4, 8, 12]
+    assert [s for s in range(1, 30) if FirstSteps(5, until=12).should_sync(s)] == [5, 10]
+    # intervals 1, 2, 4, 8, ... -> syncs at 1, 3, 7, 15, 31
+    assert [s for s in range(1, 40) if Geometric(k=1).should_sync(s)] == [1, 3, 7, 15, 31]
+    # k=2: intervals 1, 1, 2, 2, 4, 5(floor 2**2.5), ...
+    assert [s for s in range(1, 12) if Geometric(k=2).should_sync(s)] == [1, 2, 4, 6, 10]
+    assert [s for s in range(1, 20) if Geometric(k=1, max_interval=4).should_sync(s)] == [1, 3, 7, 11, 15, 19]
+    assert EveryK(10).rate() == 0.1
+
+
+def test_stats_and_repr():
+    model = _model()
+    opt = LionCub(model.parameters(), lr=1e-3, method="vote-1bit")
+    _train(model, opt, steps=2)
+    assert opt.stats.steps == 2 and opt.stats.last_bytes_sent == 0  # nothing to send on one rank
+    assert "vote-1bit" in repr(opt)
