@@ -94,7 +94,7 @@ def check_methods(rank, world_size, steps=4, momentum_sync=3):
             all_g = gather(flat(effective))
             all_m = gather(flat(moms))
             start = 0
-            for p, p0, m0, g in zip(params, before, moms, effective):
+            for p, p0 in zip(params, before):
                 n = p.numel()
                 lr, wd, b1, b2 = hyper[id(p)]
                 gs = [x[start : start + n] for x in all_g]
