@@ -56,6 +56,11 @@ def implementation(tensor):
     return importlib.import_module("lioncub.kernels.triton_ops")
 
 
+def all_finite(t) -> bool:
+    """Whether every element of t is finite (one read pass; the same code on CPU and GPU)."""
+    return reference.all_finite(t)
+
+
 def lion_step(p, g, m, **kw):
     return implementation(p).lion_step(p, g, m, **kw)
 

@@ -13,6 +13,9 @@ All functions work on flat 1-D buckets. Conventions shared with the Triton kerne
 * p-bit fields follow `lioncub.wire.FieldLayout` (planar layout: element i in word i % W, field i // W).
 * L1 levels: per parameter tensor t, `mult_t = float32((s/2) / mean|c_t|)` computed in float64
   (0 where mean|c_t| == 0), then `q = clamp(rint(c * mult_t), -s, s)` in fp32 (rint: half to even).
+
+Large temporaries come from a per-device scratch pool: a fresh multi-MB tensor costs a page fault per
+4 KiB on first touch, which on a CPU costs more than the arithmetic.
 """
 
 from __future__ import annotations
@@ -22,18 +25,34 @@ import torch
 from lioncub.wire import FieldLayout
 
 PACK_MAGIC = 0x0102040810204080  # (8 bytes of 0/1 as an int64) * PACK_MAGIC >> 56 == the packed byte
-ZERO_VOTE_PATTERN = (0x55, 0xAA)  # bits set at even / odd element indices
-_LUT: dict[torch.device, torch.Tensor] = {}
+_CACHE: dict = {}
 
 
-def _unpack_lut(device: torch.device) -> torch.Tensor:
-    """256 int64 words; word b holds the 8 bits of byte b as 8 bytes of 0/1 (little-endian)."""
-    lut = _LUT.get(device)
-    if lut is None:
-        b = torch.arange(256, dtype=torch.int64)
-        bits = ((b[:, None] >> torch.arange(8)) & 1).to(torch.uint8)
-        lut = _LUT[device] = bits.contiguous().view(torch.int64).reshape(256).to(device)
-    return lut
+def scratch(slot: str, n: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """A reusable 1-D buffer of at least n elements (contents unspecified). One buffer per slot name:
+    two values that are alive at once must use different slots."""
+    key = ("scratch", slot, dtype, torch.device(device))
+    buf = _CACHE.get(key)
+    if buf is None or buf.numel() < n:
+        buf = _CACHE[key] = torch.empty(n, dtype=dtype, device=device)
+    return buf[:n]
+
+
+def _table(name, device, build):
+    key = ("table", name, torch.device(device))
+    if key not in _CACHE:
+        _CACHE[key] = build().to(device)
+    return _CACHE[key]
+
+
+def _bit_table(kind: str, device) -> torch.Tensor:
+    """256 rows: the 8 bits of byte b, as int64 of 8 0/1 bytes ('bytes'), or 8 fp32 +-1 ('sign') / 0-1."""
+    def build():
+        bits = (torch.arange(256)[:, None] >> torch.arange(8)) & 1
+        if kind == "bytes":
+            return bits.to(torch.uint8).contiguous().view(torch.int64).reshape(256)
+        return (bits * 2 - 1).float() if kind == "sign" else bits.float()
+    return _table(f"bits-{kind}", device, build)
 
 
 # --- bit packing -------------------------------------------------------------------------------------
@@ -41,21 +60,25 @@ def _unpack_lut(device: torch.device) -> torch.Tensor:
 
 def pack_bits(bits: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """bool or 0/1 uint8 tensor with numel % 8 == 0 -> uint8 tensor of numel/8 bytes."""
-    if bits.numel() % 8:
-        raise ValueError(f"pack_bits needs a multiple of 8 elements, got {bits.numel()}")
-    if bits.numel() == 0:
-        return torch.empty(0, dtype=torch.uint8, device=bits.device) if out is None else out
-    words = bits.contiguous().view(torch.uint8).view(torch.int64)
-    packed = ((words * PACK_MAGIC) >> 56).bitwise_and_(0xFF)
+    n = bits.numel()
+    if n % 8:
+        raise ValueError(f"pack_bits needs a multiple of 8 elements, got {n}")
     if out is None:
-        return packed.to(torch.uint8)
-    return out.copy_(packed)
+        out = torch.empty(n // 8, dtype=torch.uint8, device=bits.device)
+    if n == 0:
+        return out
+    words = bits.contiguous().view(torch.uint8).view(torch.int64)
+    tmp = torch.mul(words, PACK_MAGIC, out=scratch("pack", n // 8, torch.int64, bits.device))
+    return out.copy_(tmp.bitwise_right_shift_(56))  # the cast to uint8 keeps the low byte
 
 
-def unpack_bits(packed: torch.Tensor) -> torch.Tensor:
+def unpack_bits(packed: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 tensor of B bytes -> uint8 tensor of 8*B elements, each 0 or 1."""
-    lut = _unpack_lut(packed.device)
-    return lut[packed.to(torch.int32)].view(torch.uint8)
+    table = _bit_table("bytes", packed.device)
+    if out is None:
+        out = torch.empty(8 * packed.numel(), dtype=torch.uint8, device=packed.device)
+    torch.index_select(table, 0, packed.to(torch.int32), out=out.view(torch.int64))
+    return out
 
 
 # --- p-bit integer fields ----------------------------------------------------------------------------
@@ -71,27 +94,44 @@ def pack_fields(values: torch.Tensor, layout: FieldLayout, out: torch.Tensor) ->
         part = values[j * W : (j + 1) * W]
         if part.numel() == 0:
             break
-        out[: part.numel()].add_(part.to(out.dtype) << (layout.width * j))
+        if j == 0:
+            out[: part.numel()].copy_(part)
+        else:
+            shifted = scratch("fields", part.numel(), out.dtype, out.device).copy_(part)
+            out[: part.numel()].add_(shifted.bitwise_left_shift_(layout.width * j))
     return out
+
+
+def _fields(words: torch.Tensor, layout: FieldLayout):
+    """Yield (j, field j of every word) as integer tensors (views into scratch)."""
+    mask = (1 << layout.width) - 1
+    for j in range(layout.per_word):
+        if layout.per_word == 1:
+            yield j, words
+            continue
+        f = scratch("unfield", words.numel(), words.dtype, words.device)
+        torch.bitwise_right_shift(words, layout.width * j, out=f)
+        yield j, f.bitwise_and_(mask)
 
 
 def unpack_fields(words: torch.Tensor, layout: FieldLayout, n: int) -> torch.Tensor:
     """Summed words -> int32 per-element sums (the first n elements)."""
-    W, mask = words.numel(), (1 << layout.width) - 1
+    W = words.numel()
     out = torch.empty(W * layout.per_word, dtype=torch.int32, device=words.device)
-    for j in range(layout.per_word):
-        out[j * W : (j + 1) * W] = (words >> (layout.width * j)).bitwise_and_(mask)
+    for j, f in _fields(words, layout):
+        out[j * W : (j + 1) * W] = f
     return out[:n]
 
 
 # --- Lion arithmetic ---------------------------------------------------------------------------------
 
 
-def lion_direction(g: torch.Tensor, m: torch.Tensor, beta1: float) -> torch.Tensor:
+def lion_direction(g: torch.Tensor, m: torch.Tensor, beta1: float, out: torch.Tensor | None = None):
     """c = beta1*m + (1-beta1)*g in fp32."""
     if g.dtype == torch.float32 and m.dtype == torch.float32:
-        return torch.mul(m, beta1).add_(g, alpha=1 - beta1)
-    return m.float().mul_(beta1).add_(g.float(), alpha=1 - beta1)
+        return torch.mul(m, beta1, out=out).add_(g, alpha=1 - beta1)
+    c = m.float() if out is None else out.copy_(m)
+    return c.mul_(beta1).add_(g.float(), alpha=1 - beta1)
 
 
 def momentum_update_(m: torch.Tensor, g: torch.Tensor, beta2: float) -> None:
@@ -116,9 +156,14 @@ def apply_update_(p: torch.Tensor, update: torch.Tensor, lr: float, wd: float) -
 
 def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
     """One plain Lion step (no communication): the world-size-1 path."""
-    update = lion_direction(g, m, beta1).sign_()
+    update = lion_direction(g, m, beta1, scratch("c", g.numel(), torch.float32, g.device)).sign_()
     apply_update_(p, update, lr, wd)
     momentum_update_(m, g, beta2)
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """One read pass: a sum is finite iff every element is (a sum that overflows float32 also says no)."""
+    return bool(torch.isfinite(t.sum(dtype=torch.float32)))
 
 
 # --- the compressed step: pre-pass, quantize-and-pack, vote, unpack-and-apply ---------------------------
@@ -126,7 +171,7 @@ def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> N
 
 def segment_sums_abs(c: torch.Tensor, offsets: list[int]) -> torch.Tensor:
     """float64 sums of |c| over each segment [offsets[i], offsets[i+1])."""
-    a = c.abs()
+    a = torch.abs(c, out=scratch("abs", c.numel(), c.dtype, c.device))
     return torch.stack([a[s:e].sum(dtype=torch.float64) for s, e in zip(offsets[:-1], offsets[1:])])
 
 
@@ -142,15 +187,17 @@ def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch
 def prepass(method: str, g, m, *, beta1: float, offsets: list[int], levels: int = 0):
     """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
     if method == "l1-pbit":
-        sums = segment_sums_abs(lion_direction(g, m, beta1), offsets)
+        c = lion_direction(g, m, beta1, scratch("c", g.numel(), torch.float32, g.device))
+        sums = segment_sums_abs(c, offsets)
         return bool(torch.isfinite(sums).all()), l1_multipliers(sums, offsets, levels)
-    return bool(torch.isfinite(g).all()), None
+    return all_finite(g), None
 
 
 def l1_levels(c: torch.Tensor, mult: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:
-    lengths = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:])], device=c.device)
-    scale = torch.repeat_interleave(mult, lengths)
-    return c.mul_(scale).round_().clamp_(-levels, levels)
+    """q = clamp(rint(c * mult_t), -s, s), in place in c."""
+    for k, s, e in zip(mult.tolist(), offsets[:-1], offsets[1:]):
+        c[s:e].mul_(k)
+    return c.round_().clamp_(-levels, levels)
 
 
 def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
@@ -162,59 +209,152 @@ def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: 
     1-bit methods: `out` is uint8 with 8*out.numel() >= n bits (padding bits are unspecified).
     p-bit methods: `out` holds layout.words(n) words of layout.dtype.
     """
-    n = g.numel()
-    c = lion_direction(g, m, beta1)
+    n, dev = g.numel(), g.device
+    c = lion_direction(g, m, beta1, scratch("c", n, torch.float32, dev))
     momentum_update_(m, g, beta2)
-    if method in ("vote-1bit", "vote-allgather"):
-        n_pad = out.numel() * 8
-        pos = torch.zeros(n_pad, dtype=torch.bool, device=g.device)
-        zero = torch.zeros(n_pad, dtype=torch.bool, device=g.device)
-        torch.gt(c, 0, out=pos[:n])
-        torch.eq(c, 0, out=zero[:n])
-        packed = pack_bits(pos, out)
-        return packed.bitwise_or_(pack_bits(zero).bitwise_and_(ZERO_VOTE_PATTERN[zero_parity]))
-    if method in ("vote-pbit", "avg-pbit"):
-        values = (c > 0).to(torch.uint8).add_(c >= 0)  # sign(c) + 1, in {0, 1, 2}
+    if method in ("vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit"):
+        n_pad = max(n, 8 * out.numel()) if method in ("vote-1bit", "vote-allgather") else n
+        signs = scratch("signs", -(-n_pad // 8) * 8, torch.int8, dev)
+        torch.sign(c, out=c)
+        signs[:n].copy_(c)  # -1, 0, +1 as int8
+        if method in ("vote-1bit", "vote-allgather"):
+            signs[n:] = 0
+            return _pack_sign_votes(signs, out, zero_parity)
+        values = signs[:n].view(torch.uint8).add_(1)  # sign + 1: 255 wraps to 0, so {0, 1, 2}
     elif method == "l1-pbit":
-        values = l1_levels(c, mult, offsets, levels).add_(levels).to(torch.int32)
+        values = l1_levels(c, mult, offsets, levels).add_(levels)  # integral floats in [0, 2s]
     else:
         raise ValueError(f"quantize_pack: method {method!r} has no code")
     return pack_fields(values, layout, out)
 
 
+_LOW_BITS = 0x0101010101010101  # bit 0 of each of the 8 bytes of an int64
+_ZERO_VOTE_WORDS = (0x0001000100010001, 0x0100010001000100)  # the elements (bytes) that vote + on c == 0
+
+
+def _pack_sign_votes(signs: torch.Tensor, out: torch.Tensor, zero_parity: int) -> torch.Tensor:
+    """int8 signs (-1 = 0xFF, 0, +1 = 0x01; length a multiple of 8) -> packed votes, where an element
+    votes + if its sign is +1, or if it is 0 and it is on the zero-vote pattern."""
+    w = signs.view(torch.int64)
+    pos = torch.bitwise_right_shift(w, 1, out=scratch("w1", w.numel(), torch.int64, w.device))
+    pos.bitwise_not_().bitwise_and_(w).bitwise_and_(_LOW_BITS)  # bit0 & ~bit1: only +1 bytes
+    zero = torch.bitwise_not(w, out=scratch("w2", w.numel(), torch.int64, w.device))
+    zero.bitwise_and_(_LOW_BITS & _ZERO_VOTE_WORDS[zero_parity])  # ~bit0: only 0 bytes, on the pattern
+    votes = pos.bitwise_or_(zero)
+    packed = votes.mul_(PACK_MAGIC).bitwise_right_shift_(56)
+    return out.copy_(packed[: out.numel()])
+
+
 def vote(rows: torch.Tensor, out_sign: torch.Tensor, out_nonzero: torch.Tensor | None = None) -> None:
     """Majority vote over N packed 1-bit rows (N, B): per bit position count the + votes P and write
-    sign bit (2P > N) and, when out_nonzero is given, the not-a-tie bit (2P != N)."""
-    N = rows.shape[0]
-    bits = unpack_bits(rows.reshape(-1)).view(N, -1)
-    twice = bits.sum(0, dtype=torch.int32).mul_(2)
-    pack_bits(twice > N, out_sign)
+    the sign bit (2P > N) and, when out_nonzero is given, the not-a-tie bit (2P != N).
+
+    The count is kept bit-sliced: plane k holds bit k of P for 64 positions per int64 word, and each
+    row is added with a ripple-carry of bitwise ops, so nothing is unpacked."""
+    N, B = rows.shape
+    words = _as_words(rows)
+    planes: list[torch.Tensor] = []
+    for r in range(N):
+        carry = words[r]
+        for k, plane in enumerate(planes):
+            planes[k], carry = plane ^ carry, plane & carry
+        if r + 1 == 1 << len(planes):  # the count may now need one more bit
+            planes.append(carry.clone())
+    _write_bytes(out_sign, _greater_than(planes, N // 2), B)  # 2P > N  <=>  P > floor(N/2)
     if out_nonzero is not None:
-        pack_bits(twice != N, out_nonzero)
+        _write_bytes(out_nonzero, ~_equals(planes, N / 2), B)
+
+
+def _as_words(rows: torch.Tensor) -> torch.Tensor:
+    N, B = rows.shape
+    if B % 8:
+        padded = torch.zeros(N, B + 8 - B % 8, dtype=torch.uint8, device=rows.device)
+        padded[:, :B] = rows
+        rows = padded
+    return rows.contiguous().view(torch.int64)
+
+
+def _write_bytes(out: torch.Tensor, words: torch.Tensor, nbytes: int) -> None:
+    out.copy_(words.view(torch.uint8)[:nbytes])
+
+
+def _greater_than(planes: list[torch.Tensor], threshold: int) -> torch.Tensor:
+    """Bit-sliced P > threshold, scanning from the most significant plane."""
+    gt = torch.zeros_like(planes[0])
+    eq = torch.full_like(planes[0], -1)
+    for k in reversed(range(len(planes))):
+        if threshold >> k & 1:
+            eq &= planes[k]
+        else:
+            gt |= eq & planes[k]
+            eq &= ~planes[k]
+    return gt if threshold < 1 << len(planes) else torch.zeros_like(gt)
+
+
+def _equals(planes: list[torch.Tensor], value: float) -> torch.Tensor:
+    if value != int(value) or value >= 1 << len(planes):
+        return torch.zeros_like(planes[0])
+    eq = torch.full_like(planes[0], -1)
+    for k, plane in enumerate(planes):
+        eq &= plane if int(value) >> k & 1 else ~plane
+    return eq
+
+
+def _field_update_table(method: str, layout: FieldLayout, world_size: int, levels: int, device):
+    """U as a function of one summed field value f (a table of 2**width fp32 entries)."""
+    def build():
+        f = torch.arange(1 << layout.width, dtype=torch.float64)
+        if method == "vote-pbit":
+            return torch.sign(f - world_size).float()
+        if method == "avg-pbit":
+            return ((f - world_size) / world_size).float()
+        return torch.sign(f - world_size * levels).float()
+    return _table((method, layout, world_size, levels), device, build)
 
 
 def decode_update(method: str, code, n: int, *, world_size: int, levels: int = 0,
                   layout: FieldLayout | None = None) -> torch.Tensor:
-    """The agreed update U (fp32) from the agreed code."""
-    N = world_size
+    """The agreed update U (fp32, a scratch view) from the agreed code."""
     if method in ("vote-1bit", "vote-allgather"):
         sign_plane, nonzero_plane = code
-        update = unpack_bits(sign_plane)[:n].float().mul_(2).sub_(1)
+        B = sign_plane.numel()
+        update = scratch("update", 8 * B, torch.float32, sign_plane.device)
+        torch.index_select(_bit_table("sign", sign_plane.device), 0, sign_plane.to(torch.int32),
+                           out=update.view(B, 8))
         if nonzero_plane is not None:
-            update.mul_(unpack_bits(nonzero_plane)[:n])
-        return update
-    sums = unpack_fields(code, layout, n)
-    if method == "vote-pbit":
-        return sums.sub_(N).sign_().float()
-    if method == "avg-pbit":
-        return sums.sub_(N).float().div_(N)
-    if method == "l1-pbit":
-        return sums.sub_(N * levels).sign_().float()
-    raise ValueError(f"decode_update: unknown method {method!r}")
+            ones = scratch("update2", 8 * B, torch.float32, sign_plane.device)
+            torch.index_select(_bit_table("ones", sign_plane.device), 0, nonzero_plane.to(torch.int32),
+                               out=ones.view(B, 8))
+            update.mul_(ones)
+        return update[:n]
+    if method not in ("vote-pbit", "avg-pbit", "l1-pbit"):
+        raise ValueError(f"decode_update: unknown method {method!r}")
+    W = code.numel()
+    update = scratch("update", W * layout.per_word, torch.float32, code.device)
+    if layout.width > 16:  # a table would be too large: decode arithmetically
+        sums = unpack_fields(code, layout, n).double()
+        offset = world_size * (levels if method == "l1-pbit" else 1)
+        u = (sums - world_size) / world_size if method == "avg-pbit" else torch.sign(sums - offset)
+        return update[:n].copy_(u)
+    table = _field_update_table(method, layout, world_size, levels, code.device)
+    for j, f in _fields(code, layout):
+        torch.index_select(table, 0, f.to(torch.int32), out=update[j * W : (j + 1) * W])
+    return update[:n]
 
 
 def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
                  layout: FieldLayout | None = None) -> None:
     """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U (one pass on a GPU)."""
+    if method in ("vote-1bit", "vote-allgather") and code[1] is not None and p.dtype == torch.float32:
+        sign_plane, nonzero_plane = code
+        n, B = p.numel(), sign_plane.numel()
+        signs = scratch("update", 8 * B, torch.float32, p.device)
+        ones = scratch("update2", 8 * B, torch.float32, p.device)
+        torch.index_select(_bit_table("sign", p.device), 0, sign_plane.to(torch.int32), out=signs.view(B, 8))
+        torch.index_select(_bit_table("ones", p.device), 0, nonzero_plane.to(torch.int32), out=ones.view(B, 8))
+        if wd:
+            p.mul_(1 - lr * wd)
+        p.addcmul_(signs[:n], ones[:n], value=-lr)  # U = sign * not-a-tie, fused into the update
+        return
     update = decode_update(method, code, p.numel(), world_size=world_size, levels=levels, layout=layout)
     apply_update_(p, update, lr, wd)

@@ -63,7 +63,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank, world_size, port, fn, args, timeout, threads, queue):
+def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env):
+    os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     torch.set_num_threads(threads)
@@ -87,13 +88,15 @@ class SpawnError(RuntimeError):
 
 
 def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
-          threads: int | None = None, allow_failures: bool = False) -> list:
+          threads: int | None = None, allow_failures: bool = False, env: dict | None = None) -> list:
     """Run fn(rank, world_size, *args) on `world_size` local Gloo ranks; return their results by rank.
 
     Processes come from a forkserver that has torch imported already, so each rank starts in a fraction
     of a second. If a rank raises or dies, the others are stopped and SpawnError carries its traceback;
     with allow_failures=True the others run on, and a rank that failed, died or did not finish within
-    `timeout` gets None. fn must be importable (defined at module level).
+    `timeout` gets None. fn must be importable (defined at module level). The ranks fork from a server
+    started once per parent process, so pass environment variables they need (LIONCUB_KERNELS, ...)
+    in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
     """
     import multiprocessing as mp
     import queue as queue_mod
@@ -104,10 +107,12 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeo
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "lioncub.optim"])
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // world_size)
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k.startswith(("LIONCUB_", "TRITON_"))}
     port = free_port()
     results_q = ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, fn, args, pg_timeout, threads, results_q))
+                         args=(r, world_size, port, fn, args, pg_timeout, threads, results_q, env))
              for r in range(world_size)]
     for p in procs:
         p.start()

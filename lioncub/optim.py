@@ -256,7 +256,7 @@ class LionCub(torch.optim.Optimizer):
 
     def _step_local(self, clock) -> None:
         t0 = clock()
-        if self.skip_nonfinite and not all(bool(torch.isfinite(b.g).all()) for b in self._buckets):
+        if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
             return self._skip("non-finite gradient")
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
@@ -274,7 +274,7 @@ class LionCub(torch.optim.Optimizer):
                 collectives += b.wire.collectives
         t1 = clock()
         # the reduced gradients are identical on all ranks, so this check agrees without a message
-        if self.skip_nonfinite and not all(bool(torch.isfinite(b.g).all()) for b in self._buckets):
+        if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
             return self._skip("non-finite gradient", collectives, t1 - t0)
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))

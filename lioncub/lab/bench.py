@@ -181,13 +181,14 @@ def bench(
     warmup: int = 1,
     dtype: str = "float32",
     levels: int | None = None,
+    burst=None,
 ) -> dict:
     """Build a lab for this one measurement, take it, tear the lab down; returns the result dict."""
     from .lab import Lab
 
     rph = _ranks_per_host(ranks, hosts, ranks_per_host)
     probe = normalize(dict(op=op, size=size, repeat=repeat, warmup=warmup, dtype=dtype, levels=levels))
-    with Lab(ranks=ranks, ranks_per_host=rph, bandwidth=bandwidth) as lab:
+    with Lab(ranks=ranks, ranks_per_host=rph, bandwidth=bandwidth, burst=burst) as lab:
         return lab.bench_many([probe])[0]
 
 

@@ -92,6 +92,11 @@ def _topology(p, ranks: bool = True, attach: bool = True) -> None:
         "--bandwidth", default=None, help="per-link rate, both directions, e.g. 100Mbit (default 1Gbit)"
     )
     p.add_argument("--latency", default="0", help="must be 0: this kernel has no netem, so no delay")
+    p.add_argument(
+        "--burst", default=None,
+        help="tbf bucket as line time (default 4ms, one timer tick: the least that holds the rate on a "
+        "busy machine; smaller makes short transfers more faithful on a quiet one)",
+    )
     if attach:
         p.add_argument(
             "--lab", default=None, metavar="RUN_ID",
@@ -133,13 +138,14 @@ def _hosts(args, ranks: int | None) -> tuple[int, int]:
 
 @_guard
 def _up(args) -> int:
-    from lioncub.simulator.units import parse_rate
+    from lioncub.simulator.units import parse_rate, parse_time
 
     from . import netns
     from .lab import Lab
 
     hosts, rph = _hosts(args, args.ranks)
-    net = netns.create(hosts, parse_rate(args.bandwidth or "1Gbit"), persistent=True)
+    burst_s = netns.TICK_S if args.burst is None else parse_time(args.burst)
+    net = netns.create(hosts, parse_rate(args.bandwidth or "1Gbit"), persistent=True, burst_s=burst_s)
     info = Lab(attach=net.run_id, ranks_per_host=rph).up().describe()
     if args.json:
         print(json.dumps(info))
@@ -200,7 +206,8 @@ def _bench(args) -> int:
     rph = _ranks_per_host(args.ranks, args.hosts, args.ranks_per_host)
     probe = normalize(dict(op=args.op, size=args.size, repeat=args.repeat, warmup=args.warmup,
                            dtype=args.dtype, levels=args.levels, ranks=args.ranks))
-    lab = Lab(ranks=args.ranks, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab)
+    lab = Lab(ranks=args.ranks, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab,
+              burst=args.burst)
     with lab:
         probe["bandwidth"] = args.bandwidth or lab.rate_bps
         res = lab.bench_many([probe])[0]
@@ -220,10 +227,18 @@ def _run(args) -> int:
     if not cmd:
         raise ValueError("give the command to run after --, e.g. `lioncub lab run --ranks 4 -- train.py`")
     hosts, rph = _hosts(args, args.ranks)
-    with Lab(hosts=hosts, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab) as lab:
+    with Lab(hosts=hosts, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab,
+              burst=args.burst) as lab:
         if args.lab and args.bandwidth:
             lab.set_bandwidth(args.bandwidth)
         results = lab.run(cmd, ranks=args.ranks, timeout=args.timeout, stream_rank0=True)
     if args.json:
         print(json.dumps([r.result for r in results]))
     return 0
+
+
+if __name__ == "__main__":  # `python -m lioncub.lab.cli lab ...`: the same CLI without the other subsystems
+    import lioncub.cli as top
+
+    top.COMMANDS = ["lioncub.lab.cli"]
+    sys.exit(top.main())

@@ -47,10 +47,12 @@ class Lab:
         ranks: int | None = None,
         latency: str | float = 0,
         attach: str | None = None,
+        burst: str | float | None = None,
     ):
         """`hosts` hosts (or enough for `ranks` at `ranks_per_host` each), every link shaped to
         `bandwidth` both ways. With `attach`, use the persistent lab of that run id (from `lioncub lab
-        up`) instead of building one; it is left standing on exit."""
+        up`) instead of building one; it is left standing on exit. `burst` is the tbf bucket as line
+        time (default one 4 ms timer tick; see netns.py and docs/LAB.md)."""
         check_latency(latency)
         if ranks_per_host < 1:
             raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
@@ -60,6 +62,7 @@ class Lab:
         self.ranks_per_host = ranks_per_host
         self.rate_bps = parse_rate(bandwidth)
         self.attach = attach
+        self.burst_s = netns.TICK_S if burst is None else parse_time(burst)
         self.net: Network | None = None
         self._old_sigterm = None
         self._launches = 0
@@ -74,7 +77,7 @@ class Lab:
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.net = netns.create(self.hosts, self.rate_bps)
+            self.net = netns.create(self.hosts, self.rate_bps, burst_s=self.burst_s)
         except BaseException:
             self._restore_sigterm()
             raise

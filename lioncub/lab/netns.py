@@ -27,18 +27,22 @@ MAX_HOSTS = 250
 _RUN_RE = re.compile(r"^lioncub-([0-9a-f]{6})-(sw|h\d+)$")
 _LINK_RE = re.compile(r"^lc[0-9a-f]{6}(br|[ph]\d+)$")
 
-# tbf releases data only when the qdisc is serviced, and on this kernel (CONFIG_HZ=250) the softirq
-# and TCP's TSQ/ack clocking that keep it serviced run at a granularity of about one 4 ms tick. The
-# bucket must therefore hold one tick of data (rate x 4 ms) or a link idles between services and
-# never reaches its rate. A larger bucket only lets a short transfer run faster than the line: a
-# transfer of size S finishes in (S - burst)/rate, so the bucket is kept at one tick (plus the one
-# MTU-sized frame tbf always needs).
+# tbf sizing. Tokens accrue at the rate up to `burst` bytes; data leaves only when the qdisc is
+# serviced (a softirq). When the CPUs are busy, softirqs are deferred to ksoftirqd, which may wait for
+# the next scheduler tick: 4 ms on this kernel (CONFIG_HZ=250). Tokens that would accrue beyond a full
+# bucket during such a gap are lost, so the bucket must hold about one tick of data (rate x 4 ms) or a
+# loaded machine never reaches the rate. Measured (docs/LAB.md), single TCP flow at 1 Gbit/s: with
+# 1 ms of burst 95.5% goodput idle but 93% with the two cores oversubscribed; with 2 ms, 89-95% at 3x
+# oversubscription; with one tick, 95-96% in every case (95.6% is the TCP/IP-over-Ethernet ceiling).
+# A larger bucket only hurts: after an idle period the first `burst` bytes leave at memory speed, so a
+# transfer of S bytes takes (S - burst)/rate. One tick is the smallest bucket that holds the rate
+# under load; `burst_s` can lower it on a quiet machine when short transfers matter more.
 TICK_S = 0.004
 FRAME = 1514  # Ethernet frame without FCS: what tc accounts per packet on a veth
 
 
-def tbf_burst(rate_bps: float) -> int:
-    return max(int(rate_bps / 8 * TICK_S), 0) + FRAME
+def tbf_burst(rate_bps: float, burst_s: float = TICK_S) -> int:
+    return int(rate_bps / 8 * burst_s) + FRAME  # + one frame: tbf must always be able to pass a packet
 
 
 def tbf_limit(rate_bps: float) -> int:
@@ -121,6 +125,7 @@ class Network:
     persistent: bool = False
     owner_pid: int = 0
     owner_start: str | None = None
+    burst_s: float = TICK_S
     burst: int = 0
     limit: int = 0
     extra: dict = field(default_factory=dict)
@@ -153,17 +158,23 @@ class Network:
         return self.owner_start is not None and _start_time(self.owner_pid) == self.owner_start
 
 
+def _check_rate(rate_bps: float) -> None:
+    if not 1e5 <= rate_bps <= 1e12:
+        raise ValueError(f"bandwidth must be between 100kbit and 1Tbit, got {rate_bps:g} bit/s")
+
+
 def host_addr(index: int) -> str:
     return str(SUBNET[index + 1])
 
 
-def create(hosts: int, rate_bps: float, persistent: bool = False) -> Network:
+def create(hosts: int, rate_bps: float, persistent: bool = False, burst_s: float = TICK_S) -> Network:
     """Build a switch and `hosts` shaped hosts; on any failure, remove what was built and raise."""
     require_privileges()
     if not 1 <= hosts <= MAX_HOSTS:
         raise ValueError(f"hosts must be between 1 and {MAX_HOSTS}, got {hosts}")
-    if rate_bps < 1e5:
-        raise ValueError(f"bandwidth must be at least 100kbit, got {rate_bps:g} bit/s")
+    _check_rate(rate_bps)
+    if not 0 <= burst_s <= 1:
+        raise ValueError(f"burst must be between 0 and 1 s of line time, got {burst_s:g} s")
     existing = set(list_namespaces())
     while True:
         rid = secrets.token_hex(3)
@@ -181,7 +192,8 @@ def create(hosts: int, rate_bps: float, persistent: bool = False) -> Network:
         persistent=persistent,
         owner_pid=os.getpid(),
         owner_start=_start_time(os.getpid()),
-        burst=tbf_burst(rate_bps),
+        burst_s=burst_s,
+        burst=tbf_burst(rate_bps, burst_s),
         limit=tbf_limit(rate_bps),
     )
     net.save()  # before anything exists, so a crash mid-build is still found by `clean`
@@ -235,9 +247,9 @@ def _tbf(net: Network) -> str:
 
 def reshape(net: Network, rate_bps: float) -> None:
     """Change every link's rate in place (both directions)."""
-    if rate_bps < 1e5:
-        raise ValueError(f"bandwidth must be at least 100kbit, got {rate_bps:g} bit/s")
-    net.rate_bps, net.burst, net.limit = float(rate_bps), tbf_burst(rate_bps), tbf_limit(rate_bps)
+    _check_rate(rate_bps)
+    net.rate_bps, net.burst, net.limit = (
+        float(rate_bps), tbf_burst(rate_bps, net.burst_s), tbf_limit(rate_bps))
     _batch("tc", net.switch_netns,
            [f"qdisc replace dev lc{net.run_id}p{h.index} {_tbf(net)}" for h in net.hosts])
     for h in net.hosts:

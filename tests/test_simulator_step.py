@@ -1,0 +1,146 @@
+"""Training-step model against hand-computed schedules (ideal profile, closed-form collectives)."""
+
+import math
+
+import pytest
+from lioncub.simulator import Cluster, simulate_collective, simulate_step, sweep
+
+B = 10e9 / 8
+A = 30e-6
+MEM = 2e12
+
+
+def lg(p):
+    return math.ceil(math.log2(p))
+
+
+def allreduce_best(p, n):
+    f = (p - 1) / p
+    return min(2 * (p - 1) * A + 2 * f * n / B, lg(p) * (A + n / B), 2 * lg(p) * A + 2 * f * n / B,
+               2 * lg(p) * (A + n / B))
+
+
+def allgather_best(p, n):
+    f = (p - 1) / p
+    return min((p - 1) * A + f * n / B, lg(p) * A + f * n / B)
+
+
+def alltoall_best(p, n):
+    return A + (p - 1) / p * n / B  # all at once beats pairwise
+
+
+def buckets(P, mb):
+    per = int(mb * 2**20 // 4)
+    return [per] * (P // per) + ([P % per] if P % per else [])
+
+
+@pytest.mark.parametrize("compute", [0.02, 2.0])
+def test_ddp_baseline_overlaps_bucketed_allreduce_with_backward(compute):
+    p, P, mb = 4, 30_000_000, 25
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    r = simulate_step(cluster, "allreduce", params=P, bucket_mb=mb, compute_seconds=compute, backend="ideal",
+                      memory_bandwidth=MEM)
+    fwd, bwd = compute / 3, compute * 2 / 3
+    end, done, comm = fwd, 0, 0.0
+    for e in buckets(P, mb):
+        done += e
+        t = allreduce_best(p, 4 * e)
+        end = max(end, fwd + bwd * done / P) + t
+        comm += t
+    exposed = max(0.0, end - compute)
+    assert r.communication_seconds == pytest.approx(comm, rel=0.01)
+    assert r.exposed_communication_seconds == pytest.approx(exposed, rel=0.01, abs=1e-9)
+    assert r.step_seconds == pytest.approx(compute + exposed + 20 * P / MEM, rel=0.01)
+    assert r.speedup == 1.0
+    if compute == 2.0:
+        # long backward: everything hides but the last bucket, which is only ready when backward ends
+        assert r.exposed_communication_seconds == pytest.approx(allreduce_best(p, 4 * buckets(P, mb)[-1]), rel=0.01)
+
+
+def test_vote_1bit_step_and_momentum_sync_amortization():
+    p, P, mb, K = 4, 30_000_000, 25, 10
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=0.1, backend="ideal", memory_bandwidth=MEM)
+    r = simulate_step(cluster, "vote-1bit", **kw)
+    rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
+    planes = 2  # even world size: majority sign + "not a tie"
+    comm = allreduce_best(p, 4)  # the step's control allreduce (one int32)
+    msync = 0.0
+    for e in buckets(P, mb):
+        chunk = math.ceil(e / (8 * p))  # bytes of one rank's 1-bit chunk
+        comm += alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * planes)
+        msync += allreduce_best(p, 4 * e)
+    assert r.communication_seconds == pytest.approx(comm, rel=0.01)
+    assert r.exposed_communication_seconds == r.communication_seconds  # after backward: nothing hidden
+    assert r.step_seconds == pytest.approx(0.1 + r.codec_seconds + comm + 20 * P / MEM, rel=1e-9)
+    assert rk.momentum_sync_seconds == pytest.approx(msync / K, rel=0.01)
+    assert rk.step_seconds - r.step_seconds == pytest.approx(msync / K, rel=0.01)
+    # bytes: (p-1)/p of the 1-bit vector in the all-to-all, (p-1)/p of `planes` bit planes in the
+    # all-gather, plus fp32 momentum every K steps
+    per_step_bits = (p - 1) / p * (1 + planes) * P
+    assert r.bytes_sent_per_rank == pytest.approx(per_step_bits / 8, rel=0.01)
+    assert rk.bytes_sent_per_rank - r.bytes_sent_per_rank == pytest.approx(2 * (p - 1) / p * 4 * P / K, rel=0.01)
+
+
+def test_pbit_composite_sends_the_field_width_for_n_ranks():
+    # 4 ranks voting 0/1/2: sums up to 8 need 4-bit fields, two per uint8 word
+    cluster = Cluster(nodes=4, bandwidth="10Gbit", latency=A)
+    n = 1_000_001
+    r = simulate_collective(cluster, "vote-pbit", "ring", 4 * n, backend="ideal")
+    assert [(x["op"], x["size_bytes"], x["dtype"]) for x in r.parts] == [("allreduce", (n + 1) // 2, "uint8")]
+    assert r.seconds == pytest.approx(6 * A + 1.5 * ((n + 1) // 2) / B, rel=1e-6)
+    # vote-allgather: everyone's packed signs
+    r = simulate_collective(cluster, "vote-allgather", "ring", 4 * n, backend="ideal")
+    assert r.parts[0]["op"] == "allgather" and r.parts[0]["size_bytes"] == 4 * math.ceil(n / 8)
+    # momentum sync: the fp32 bucket itself
+    r = simulate_collective(cluster, "momentum-sync", "ring", 4 * n, backend="ideal")
+    assert r.seconds == pytest.approx(6 * A + 1.5 * 4 * n / B, rel=1e-6)
+
+
+def test_compute_from_flops_and_tokens():
+    cluster = Cluster(nodes=2, bandwidth="100Gbit", latency=A)
+    r = simulate_step(cluster, "allreduce", params="125M", flops_per_second="100T", tokens_per_step=4096,
+                      backend="ideal")
+    assert r.compute_seconds == pytest.approx(6 * 125e6 * 4096 / 100e12)
+
+
+def test_speedup_falls_as_bandwidth_rises():
+    speedups = []
+    for bw in ("1Gbit", "10Gbit", "100Gbit", "1Tbit"):
+        cluster = Cluster.for_ranks(16, 8, bandwidth=bw, latency="20us")
+        speedups.append(simulate_step(cluster, "vote-1bit", params="350M", compute_seconds=0.2,
+                                      momentum_sync=100).speedup)
+    assert speedups == sorted(speedups, reverse=True)
+    assert speedups[0] > 2 and speedups[-1] < 1.1
+
+
+def test_single_rank_step_has_no_communication():
+    r = simulate_step(Cluster(nodes=1), "vote-1bit", params=10**6, compute_seconds=0.1, momentum_sync=5)
+    assert r.communication_seconds == 0 and r.bytes_sent_per_rank == 0
+
+
+def test_sweep_rows_and_cache():
+    rows = sweep(ranks=[4, 8], bandwidths=["1Gbit", "10Gbit"], methods=["vote-1bit", "l1-pbit"],
+                 momentum_syncs=[None, 50], params="50M", compute_seconds=0.05, backend="nccl", progress=False)
+    assert len(rows) == 2 * 2 * 2 * 2
+    one = simulate_step(Cluster(nodes=8, bandwidth="1Gbit", latency="20us"), "l1-pbit", params="50M",
+                        compute_seconds=0.05, momentum_sync=50)
+    row = [r for r in rows if r["ranks"] == 8 and r["bandwidth"] == 1e9 and r["method"] == "l1-pbit"
+           and r["momentum_sync"] == 50][0]
+    assert row["step_seconds"] == pytest.approx(one.step_seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(method="vote-2bit"), "unknown method"),
+    (dict(params=0), "params"),
+    (dict(momentum_sync=-3), "momentum_sync"),
+    (dict(compute_seconds=None), "compute_seconds"),
+    (dict(algorithm="fastest"), "unknown algorithm"),
+    (dict(grad_dtype="int8"), "grad_dtype"),
+    (dict(compute_seconds="5 minutes"), "malformed time"),
+])
+def test_step_bad_input(kwargs, match):
+    args = dict(method="vote-1bit", params=10**6, compute_seconds=0.1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        simulate_step(Cluster(nodes=4), **args)
