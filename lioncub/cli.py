@@ -1,57 +1,63 @@
 """The `lioncub` console script.
 
-Each subcommand lives in its own module, which exposes `register(subparsers)`; this file only wires
-them together. Registration must stay cheap (no torch import at module level in those modules) so
-that `lioncub simulate ...` starts in well under a second.
+Each command lives in its own module, which exposes `register(subparsers)`. Only the module of the
+command being run is imported, so `lioncub simulate ...` never pays for importing torch.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
-# (module, description) pairs; each module defines register(subparsers).
-COMMANDS = [
-    "lioncub.simulator.cli",
-    "lioncub.bench",
-    "lioncub.lab.cli",
-    "lioncub.calibrate",
-    "lioncub.autotune",
-    "lioncub.train.cli",
-    "lioncub.demo",
-]
+# command -> (module defining register(subparsers), one-line help)
+COMMANDS = {
+    "simulate": ("lioncub.simulator.cli", "predict collective and training-step times (no GPU needed)"),
+    "autotune": ("lioncub.autotune", "search method, collective, buckets and sync interval for a cluster"),
+    "train": ("lioncub.train.cli", "train a built-in model with any method/config"),
+    "lab": ("lioncub.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
+    "calibrate": ("lioncub.calibrate", "fit the simulator's backend profile to measurements"),
+    "bench": ("lioncub.bench", "benchmarks (speed and memory targets)"),
+    "demo": ("lioncub.demo", "simulate, autotune and train the default scenario (make demo)"),
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lioncub",
         description="Communication-efficient distributed Lion: simulate, autotune, train.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMANDS:
+    for name, (module, help_) in COMMANDS.items():
+        if name != command:
+            sub.add_parser(name, help=help_, add_help=False)
+            continue
         try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:  # a subsystem not built yet
-            if exc.name == name:
-                continue
-            raise
-        module.register(sub)
+            importlib.import_module(module).register(sub)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            sub.add_parser(name, help=help_ + " (not available in this build)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
-        parser.print_help()
+        (parser.parse_args([args.command, "--help"]) if args.command else parser.print_help())
         return 2
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+        print("lioncub: interrupted", file=sys.stderr)
         return 130
-    except ValueError as exc:  # bad input: a clear message, no traceback
+    except ValueError as exc:  # bad input: a clear message, not a traceback
+        if os.environ.get("LIONCUB_DEBUG"):
+            raise
         print(f"lioncub: error: {exc}", file=sys.stderr)
         return 2
     return int(rc or 0)

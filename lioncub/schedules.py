@@ -98,8 +98,46 @@ def resolve(spec):
         raise ValueError("momentum_sync=True is ambiguous: pass an interval K or a schedule")
     if isinstance(spec, int):
         return EveryK(spec)
+    if isinstance(spec, str):
+        return resolve(parse(spec))
     if callable(getattr(spec, "should_sync", None)):
         return spec
     raise ValueError(
-        f"momentum_sync must be None, a positive int K, or a schedule (EveryK, FirstSteps, Geometric); got {spec!r}"
+        f"momentum_sync must be None, a positive int K, a schedule (EveryK, FirstSteps, Geometric) or its text "
+        f"('every:K', 'first:K:M', 'geometric:K'); got {spec!r}"
     )
+
+
+def parse(spec: str):
+    """Schedules as a person types them: "none", "K" or "every:K", "first:K:M" (every K steps during the
+    first M), "geometric:K" (interval doubles every K syncs)."""
+    text = str(spec).strip().lower()
+    if text in ("", "none", "never", "off"):
+        return None
+    kind, _, rest = text.partition(":")
+    try:
+        if not rest and kind.isdigit():
+            return EveryK(int(kind))
+        args = [float(a) if "." in a else int(a) for a in rest.split(":")] if rest else []
+        if kind == "every":
+            return EveryK(*args)
+        if kind == "first":
+            return FirstSteps(*args)
+        if kind == "geometric":
+            return Geometric(*args)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"bad momentum-sync schedule {spec!r}: {exc}") from None
+    raise ValueError(f"bad momentum-sync schedule {spec!r}: use none, K, every:K, first:K:M or geometric:K")
+
+
+def describe(schedule) -> str:
+    """The inverse of parse."""
+    if schedule is None or isinstance(schedule, Never):
+        return "none"
+    if isinstance(schedule, EveryK):
+        return f"every:{schedule.k}"
+    if isinstance(schedule, FirstSteps):
+        return f"first:{schedule.k}:{schedule.until}"
+    if isinstance(schedule, Geometric):
+        return f"geometric:{schedule.k:g}"
+    return repr(schedule)

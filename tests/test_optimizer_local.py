@@ -84,7 +84,7 @@ def test_params_and_grads_are_views_into_flat_buckets():
         (dict(method="l1-pbit", levels=2**40), "cannot fit"),
         (dict(method="vote-1bit", levels=3), "levels applies only to method='l1-pbit'"),
         (dict(momentum_sync=0), "positive integer"),
-        (dict(momentum_sync="often"), "momentum_sync must be"),
+        (dict(momentum_sync="often"), "momentum-sync schedule"),
         (dict(bucket_mb=0), "bucket_mb"),
     ],
 )

@@ -116,3 +116,24 @@ def test_unreadable_calibration_file(tmp_path):
 def test_unknown_backend():
     with pytest.raises(ValueError, match="unknown backend"):
         get_profile("mpi")
+
+
+def test_message_overhead_is_serialized_per_sender():
+    # all-at-once all-to-all of tiny messages: each rank's thread spends o on each of its p-1 messages
+    p, lat = 16, 50e-6
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=lat)
+    prof = get_profile("gloo")
+    t = simulate_collective(cluster, "alltoall", "all-at-once", 16 * p, backend=prof).seconds
+    expected = prof.call_overhead + (p - 1) * prof.message_overhead + lat
+    assert t == pytest.approx(expected, rel=0.01)
+
+
+@pytest.mark.parametrize("nodes", [4, 8, 16])
+def test_nccl_ring_with_eight_gpus_per_node(nodes):
+    # node-major ring: one flow per NIC, so busbw is still the NIC's goodput
+    lat, n = 10e-3, GiB
+    cluster = Cluster(nodes=nodes, gpus_per_node=8, bandwidth="10Gbit", latency=lat)
+    p = cluster.ranks
+    t = simulate_collective(cluster, "allreduce", "ring", n, backend="nccl").seconds
+    t_bw = 2 * (p - 1) / p * n / (10e9 / 8 * TCP_GOODPUT)
+    assert t_bw <= t <= 1.03 * t_bw and t - t_bw <= 3 * lat

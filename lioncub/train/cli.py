@@ -1,0 +1,101 @@
+"""`lioncub train`: a built-in model on bundled data, under torchrun, on local ranks, or on the lab."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from lioncub.wire import METHODS
+
+MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
+
+
+def register(sub) -> None:
+    p = sub.add_parser("train", help="train a built-in model with any method/config",
+                       description="Train the character transformer (Python's own docs, no download) or an MLP. "
+                                   "Under torchrun each process is a rank; otherwise --ranks N spawns N local "
+                                   "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
+    p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")
+    p.add_argument("--model", choices=MODEL_CHOICES)
+    p.add_argument("--method", choices=METHODS)
+    p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
+    p.add_argument("--momentum-sync", dest="momentum_sync",
+                   help="none, K, every:K, first:K:M or geometric:K (default none)")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--weight-decay", dest="weight_decay", type=float)
+    p.add_argument("--steps", type=int)
+    p.add_argument("--batch-size", dest="batch_size", type=int, help="per rank")
+    p.add_argument("--block-size", dest="block_size", type=int)
+    p.add_argument("--bucket-mb", dest="bucket_mb", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
+    p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="lab: ranks sharing one host's link")
+    p.add_argument("--checkpoint-dir", dest="checkpoint_dir")
+    p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int)
+    p.add_argument("--resume", action="store_true", default=None, help="continue from the newest checkpoint")
+    p.add_argument("--log", help="write per-step records (JSON lines) here")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=run)
+
+
+def config_from_args(args):
+    from lioncub.train.loop import TrainConfig
+
+    base = {}
+    if args.config:
+        with open(args.config) as f:
+            base = json.load(f)
+        base = base.get("train", base)  # autotune files nest the training options
+    for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
+                "block_size", "bucket_mb", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
+        value = getattr(args, key, None)
+        if value is not None:
+            base[key] = value
+    return TrainConfig.from_dict(base)
+
+
+def run(args) -> int:
+    from lioncub.train.loop import dumps, train, train_local
+
+    cfg = config_from_args(args)
+    progress = sys.stderr.isatty() or not args.json
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+        from lioncub.distributed import init_distributed
+
+        rank, _ = init_distributed()
+        summary = train(cfg, progress=progress and rank == 0)
+        if rank:
+            return 0
+    elif args.lab:
+        from lioncub.train.lab import train_on_lab
+
+        summary = train_on_lab(cfg, ranks=args.ranks, bandwidth=args.bandwidth,
+                               ranks_per_host=args.ranks_per_host, progress=progress)
+    else:
+        summary = train_local(cfg, args.ranks, progress=progress)
+    if args.log:
+        with open(args.log, "w") as f:
+            for r in summary.get("records", []):
+                f.write(json.dumps(r) + "\n")
+    if args.json:
+        print(dumps(summary))
+    else:
+        print(format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"{s['model']} ({s['params'] / 1e6:.2f}M params), {s['method']} on {s['ranks']} rank(s), "
+             f"{s['steps']} steps",
+             f"  final eval loss {s['final_loss']:.4f}   train loss {s['train_loss']:.4f}",
+             f"  step {1e3 * s['step_seconds']:.1f} ms = compute {1e3 * s['compute_seconds']:.1f} + codec "
+             f"{1e3 * s['codec_seconds']:.1f} + comm {1e3 * s['comm_seconds']:.1f} (medians)",
+             f"  {s['bytes_per_step'] / 1e6:.3f} MB sent per rank per step"]
+    if s.get("predicted_step_seconds"):
+        lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
+    if s.get("skipped_steps"):
+        lines.append(f"  {s['skipped_steps']} step(s) skipped for non-finite gradients")
+    return "\n".join(lines)

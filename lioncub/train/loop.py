@@ -1,0 +1,223 @@
+"""The training loop behind `lioncub train`: one function per rank, the same under torchrun, a local spawn
+or the emulated-Ethernet lab."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lioncub import schedules
+from lioncub.distributed import broadcast_parameters
+from lioncub.optim import LionCub
+from lioncub.train.data import Blobs, CharText
+from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+
+MODELS = tuple(PRESETS) + ("mlp",)
+
+
+@dataclass
+class TrainConfig:
+    model: str = "char-tiny"
+    method: str = "l1-pbit"
+    levels: int | None = None
+    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K
+    lr: float = 2e-3
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    warmup: int = 10
+    steps: int = 100
+    batch_size: int = 16
+    block_size: int = 64
+    bucket_mb: float = 25.0
+    grad_wire_dtype: str = "float32"
+    seed: int = 0
+    eval_batches: int = 8
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    threads: int = 0  # torch threads per rank (0: leave as is)
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.steps < 1 or self.batch_size < 1 or self.block_size < 2:
+            raise ValueError("steps and batch_size must be >= 1 and block_size >= 2")
+        schedules.parse(self.momentum_sync)  # validate early
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown training options: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+def build(cfg: TrainConfig):
+    """(model, dataset) for the config, identically initialised on every rank."""
+    torch.manual_seed(cfg.seed)
+    if cfg.model == "mlp":
+        return MLP(), Blobs(seed=cfg.seed)
+    data = CharText()
+    gpt = GPTConfig(vocab_size=data.vocab_size, block_size=cfg.block_size, **PRESETS[cfg.model])
+    return CharTransformer(gpt), data
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step <= cfg.warmup:
+        return cfg.lr * step / max(1, cfg.warmup)
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _ckpt_path(directory: str, step: int, rank: int) -> str:
+    return os.path.join(directory, f"step{step:07d}-rank{rank}.pt")
+
+
+def _latest_checkpoint(directory: str) -> tuple[int, list[str]] | None:
+    steps = {}
+    for path in glob.glob(os.path.join(directory, "step*-rank*.pt")):
+        name = os.path.basename(path)
+        step, rank = int(name[4:11]), int(name.split("rank")[1][:-3])
+        steps.setdefault(step, {})[rank] = path
+    for step in sorted(steps, reverse=True):  # the newest step that every rank of that run saved
+        if sorted(steps[step]) == list(range(len(steps[step]))):
+            return step, [steps[step][r] for r in sorted(steps[step])]
+    return None
+
+
+def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
+    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+    path = _ckpt_path(cfg.checkpoint_dir, step, rank)
+    tmp = path + ".tmp"
+    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
+                    config=dataclasses.asdict(cfg), records=records), tmp)
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written checkpoint
+    return path
+
+
+def _mean_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg: TrainConfig) -> float:
+    """Mean loss over fixed validation batches, averaged over ranks (every rank gets the same number)."""
+    model.eval()
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    losses = []
+    for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
+        losses.append(model(x, y)[1].item())
+    model.train()
+    return _mean_over_ranks(statistics.fmean(losses))
+
+
+def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
+    """Train on this rank (torch.distributed initialised, or a single process). Returns a summary; rank 0's
+    summary holds the per-step records."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model, data = build(cfg)
+    broadcast_parameters(model)
+    opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                  method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
+                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=getattr(torch, cfg.grad_wire_dtype))
+    start, records = 0, []
+    if cfg.resume and cfg.checkpoint_dir:
+        found = _latest_checkpoint(cfg.checkpoint_dir)
+        if found:
+            step, paths = found
+            path = paths[rank] if len(paths) == world else paths[0]
+            state = torch.load(path, weights_only=False)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start, records = state["step"], state["records"]
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.method} x{world}", unit="step", leave=False)
+    for step in range(start + 1, cfg.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        t0 = time.perf_counter()
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        opt.zero_grad()
+        _, loss = model(x, y)
+        loss.backward()
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        s = opt.stats
+        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, compute_s=t1 - t0,
+                            codec_s=s.last_quantize_s + s.last_apply_s, comm_s=s.last_comm_s + s.last_sync_s,
+                            bytes_sent=s.last_bytes_sent, lr=opt.param_groups[0]["lr"]))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
+        if on_step is not None:
+            on_step(records[-1])
+        if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(cfg, model, opt, step, rank, records)
+    if bar is not None:
+        bar.close()
+    if cfg.checkpoint_dir:
+        save_checkpoint(cfg, model, opt, cfg.steps, rank, records)
+    return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
+
+
+def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
+    timed = records[2:] if len(records) > 4 else records  # the first steps allocate and warm caches
+
+    def med(key):
+        return statistics.median(r[key] for r in timed) if timed else 0.0
+
+    tail = [r["loss"] for r in records[-10:]]
+    return dict(
+        model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps,
+        momentum_sync=cfg.momentum_sync, levels=opt.levels or None,
+        final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
+        step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
+        comm_seconds=med("comm_s"),
+        bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
+        skipped_steps=opt.stats.skipped_steps, momentum_syncs=opt.stats.momentum_syncs,
+        records=records,
+    )
+
+
+def _spawned(rank, world_size, cfg_dict, progress):
+    out = train(TrainConfig.from_dict(cfg_dict), progress=progress)
+    if rank:
+        out.pop("records")
+    return out
+
+
+def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: float = 3600) -> dict:
+    """Train on `ranks` local Gloo processes (or in this process for ranks == 1); rank 0's summary."""
+    from lioncub.distributed import spawn
+
+    if ranks == 1 and not dist.is_initialized():
+        return train(cfg, progress=progress)
+    return spawn(_spawned, ranks, dataclasses.asdict(cfg), progress, timeout=timeout)[0]
+
+
+def dumps(summary: dict) -> str:
+    return json.dumps({k: v for k, v in summary.items() if k != "records"}, indent=2)

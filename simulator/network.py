@@ -1,0 +1,277 @@
+"""Flow-level network: connections share full-duplex links by weighted max-min fairness.
+
+There are no packets. A *connection* is a byte stream from one rank to another (a set of TCP sockets);
+messages sent on it are delivered in order, so only its head message is being transmitted. Whenever a
+connection starts or stops having data to send, the rates of all active connections are recomputed by
+progressive filling (max-min fairness, each connection weighted by its number of sockets and capped by
+window/RTT), and the next message completion is scheduled. Between those instants every connection
+moves at a constant rate, so the cost of a simulation grows with the number of messages, not bytes.
+
+A message of m bytes handed to the network at t0 leaves the sender when its last byte has been
+transmitted, and is delivered `latency` later: with an idle path that is t0 + m/rate + latency, the
+alpha-beta model. Per-message software overhead (LogP's o) is paid by the sender before the message
+enters its connection, one message after another on each rank (so p-1 messages posted at once cost
+(p-1)*o of sender time). Sends are eager: a message is transmitted whether or not its receive has been
+posted yet (no rendezvous).
+
+Batching: connections that cross the same links with the same weight and cap form a *class*; max-min
+fairness gives them the same rate, so rates are computed per class, and each class keeps a "served"
+counter (bytes per connection so far) with a heap of the counter values at which its connections'
+head messages complete. An event then costs O(classes + log connections), not O(connections): an
+all-to-all among 1024 ranks is a handful of classes.
+
+Symmetry: the caller may simulate only representative ranks of a symmetric computation. It then passes
+`canonical`, a map from a link to its representative under the symmetry group. Each representative
+connection stands for its whole orbit, which crosses every link of a link orbit equally often, so
+counting a representative connection once on the canonical link of each link it crosses gives exactly
+the per-link load of the full system (see collectives.Symmetry).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from math import inf
+
+import simpy
+
+from .cluster import Cluster
+from .profiles import BackendProfile
+
+_NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
+
+
+class Message:
+    __slots__ = ("size", "latency", "sent", "delivered", "conn")
+
+    def __init__(self, env, size, latency, delivered):
+        self.size = size
+        self.latency = latency
+        self.sent = env.event()  # last byte has left the sender
+        self.delivered = delivered  # last byte has arrived at the receiver
+        self.conn = None
+
+
+class FlowClass:
+    """Connections with the same links (with costs), weight and cap: they always share one rate."""
+
+    __slots__ = ("links", "weight", "cap", "count", "rate", "served", "heap")
+
+    def __init__(self, links, weight, cap):
+        self.links = links  # [(canonical link, capacity units per payload byte)]
+        self.weight = weight
+        self.cap = cap  # max payload bytes/s per connection (window limit), inf if none
+        self.count = 0  # active connections
+        self.rate = 0.0  # payload bytes/s of each active connection
+        self.served = 0.0  # bytes each active connection has sent since the class was created
+        self.heap: list = []  # (served value at which the head message is done, seq, connection)
+
+
+class Connection:
+    __slots__ = ("key", "cls", "queue", "active")
+
+    def __init__(self, key, cls):
+        self.key = key
+        self.cls = cls
+        self.queue: deque[Message] = deque()
+        self.active = False
+
+
+class Network:
+    """The links of a `Cluster` as seen by one backend profile.
+
+    submit(src, dst, nbytes, family, delivered) -> Message; `delivered` is the event to trigger on arrival
+    (created by the caller so that a receiver can wait on it before the send is issued).
+    """
+
+    def __init__(self, env: simpy.Environment, cluster: Cluster, profile: BackendProfile, canonical=None):
+        self.env = env
+        self.cluster = cluster
+        self.profile = profile
+        self.canonical = canonical or (lambda link: link)
+        self.capacity: dict = {}
+        self.conns: dict = {}
+        self.classes: dict = {}
+        self.active: list[FlowClass] = []  # classes with active connections
+        self._cpu_free: dict = {}  # rank -> time its communication thread is free
+        self._last = 0.0
+        self._dirty = False
+        self._gen = 0
+        self._seq = 0
+        self.reallocations = 0
+
+    # ---- public -------------------------------------------------------------------------------------
+    def submit(self, src: int, dst: int, nbytes: float, family: str, delivered: simpy.Event) -> Message:
+        conn = self.conns.get((src, dst, family))
+        if conn is None:
+            conn = self._connect(src, dst, family)
+        msg = Message(self.env, float(nbytes), self.cluster.path(src, dst)[1], delivered)
+        msg.conn = conn
+        o = self.profile.message_overhead
+        if o > 0:
+            # the sender's communication thread spends o per message, one message after another (LogGP)
+            now = self.env.now
+            ready = max(now, self._cpu_free.get(src, 0.0)) + o
+            self._cpu_free[src] = ready
+            self.env.timeout(ready - now).callbacks.append(lambda _ev, m=msg: self._enqueue(m))
+        else:
+            self._enqueue(msg)
+        return msg
+
+    # ---- connections --------------------------------------------------------------------------------
+    def _connect(self, src, dst, family) -> Connection:
+        prof, cl = self.profile, self.cluster
+        links, latency = cl.path(src, dst)
+        eff = prof.family_efficiency(family)
+        if prof.host_bandwidth is not None:
+            links = [("host-tx", src)] + links + [("host-rx", dst)]
+        counted: dict = {}
+        for link in links:
+            cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in _NIC_LINKS else 1.0))
+            canon = self.canonical(link)
+            counted[canon] = counted.get(canon, 0.0) + cost
+            if canon not in self.capacity:
+                if link[0] in ("host-tx", "host-rx"):
+                    self.capacity[canon] = prof.host_bandwidth
+                else:
+                    self.capacity[canon] = cl.link_capacity(link)
+        cap = inf
+        if prof.window_bytes is not None and latency > 0:
+            cap = prof.channels * prof.window_bytes / (2.0 * latency)
+        sig = (tuple(sorted(counted.items())), float(prof.channels), cap)
+        cls = self.classes.get(sig)
+        if cls is None:
+            cls = self.classes[sig] = FlowClass(list(sig[0]), sig[1], cap)
+        conn = Connection((src, dst, family), cls)
+        self.conns[conn.key] = conn
+        return conn
+
+    def _push(self, conn: Connection, target: float) -> None:
+        self._seq += 1
+        heapq.heappush(conn.cls.heap, (target, self._seq, conn))
+
+    def _enqueue(self, msg: Message) -> None:
+        conn = msg.conn
+        conn.queue.append(msg)
+        if not conn.active:
+            self._advance()
+            conn.active = True
+            cls = conn.cls
+            if cls.count == 0:
+                self.active.append(cls)
+            cls.count += 1
+            self._push(conn, cls.served + msg.size)
+            self._mark_dirty()
+
+    # ---- rates --------------------------------------------------------------------------------------
+    def _advance(self) -> None:
+        now = self.env.now
+        dt = now - self._last
+        if dt > 0:
+            for c in self.active:
+                c.served += c.rate * dt
+        self._last = now
+
+    def _mark_dirty(self) -> None:
+        if not self._dirty:
+            self._dirty = True
+            self._gen += 1  # pending completion timer is stale
+            self.env.timeout(0).callbacks.append(self._reallocate)
+
+    def _reallocate(self, _ev=None) -> None:
+        self._dirty = False
+        self._advance()
+        self.reallocations += 1
+        allocate(self.active, self.capacity)
+        self._schedule()
+
+    def _schedule(self) -> None:
+        self._gen += 1
+        if not self.active:
+            return
+        dt = min((c.heap[0][0] - c.served) / c.rate for c in self.active)
+        gen = self._gen
+        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _ev: self._on_timer(gen))
+
+    def _on_timer(self, gen: int) -> None:
+        if gen != self._gen:
+            return
+        self._advance()
+        env = self.env
+        stopped = False
+        for c in self.active:
+            # a head message is done when what is left would take < 1 ps (float round-off)
+            tol = max(1e-6, c.rate * 1e-12, abs(c.served) * 1e-13)
+            heap = c.heap
+            while heap and heap[0][0] - c.served <= tol:
+                target, _, conn = heapq.heappop(heap)
+                msg = conn.queue.popleft()
+                msg.sent.succeed()
+                if msg.latency > 0:
+                    env.timeout(msg.latency).callbacks.append(lambda _ev, d=msg.delivered: d.succeed())
+                else:
+                    msg.delivered.succeed()
+                if conn.queue:  # the next message starts where this one ended
+                    self._push(conn, target + conn.queue[0].size)
+                else:
+                    conn.active = False
+                    c.count -= 1
+                    stopped = True
+        if stopped:
+            self.active = [c for c in self.active if c.count > 0]
+            self._mark_dirty()
+        else:
+            self._schedule()
+
+
+def allocate(classes: list[FlowClass], capacity: dict) -> None:
+    """Weighted max-min fair rates by progressive filling, per class of identical connections.
+
+    Every unfrozen connection gets rate weight * level; the level rises until a link is full (sum of
+    rate * cost over its connections = capacity) or a connection reaches its cap; those connections are
+    frozen at that rate and the rest keep rising.
+    """
+    rem: dict = {}
+    load: dict = {}
+    for c in classes:
+        w = c.weight * c.count
+        for link, cost in c.links:
+            if link in load:
+                load[link] += w * cost
+            else:
+                load[link] = w * cost
+                rem[link] = capacity[link]
+    unfrozen = list(classes)
+    while unfrozen:
+        level = inf
+        for link, ld in load.items():
+            v = rem[link] / ld
+            if v < level:
+                level = v
+        for c in unfrozen:
+            v = c.cap / c.weight
+            if v < level:
+                level = v
+        if level == inf:  # cannot happen: every connection crosses a link
+            raise RuntimeError("unbounded flow")
+        level = max(level, 0.0)
+        thresh = level * (1 + 1e-9)
+        full = {link for link, ld in load.items() if rem[link] / ld <= thresh}
+        keep = []
+        for c in unfrozen:
+            if c.cap / c.weight <= thresh:
+                c.rate = min(c.cap, c.weight * level)
+            elif any(link in full for link, _ in c.links):
+                c.rate = c.weight * level
+            else:
+                keep.append(c)
+                continue
+            for link, cost in c.links:
+                if link in load:
+                    rem[link] -= c.rate * c.count * cost
+                    load[link] -= c.weight * c.count * cost
+        for link in full:
+            load.pop(link, None)
+        for link in [k for k, v in load.items() if v <= 1e-12]:
+            del load[link]
+        unfrozen = keep

@@ -1,0 +1,249 @@
+"""Backend profiles: how a communication library runs on the wire, as physically meaningful parameters.
+
+A profile is a plain dataclass. Every field is a mechanism the simulator models (not a fudge factor on
+the final answer), so that a calibration run can fit it from measurements and write a JSON file that
+`BackendProfile.load(path, base=...)` (CLI: `--calibration FILE`) lays over a built-in profile.
+
+Built-in profiles
+-----------------
+* `ideal`: nominal link rates, no overheads, no window limit, no pipelining, free reductions. The
+  simulator then reproduces the textbook alpha-beta(-gamma) formulas exactly (set `reduce_bandwidth` to
+  add the gamma term).
+* `nccl`: NCCL's socket transport. Ring and tree run **pipelined**: every step's chunk is cut into
+  slices that are forwarded as soon as they arrive, so a large ring allreduce costs
+  2(p-1)/p * n/B plus a constant number of latencies, not 2(p-1) of them. Several sockets per peer
+  (channels) and large socket buffers: no TCP window limit. GPU reductions are free next to the wire.
+* `gloo`: Gloo's TCP transport. Algorithms run **step by step** (each step's chunk is one message, sent
+  after the previous one arrived), one socket per peer whose throughput is capped by the TCP window
+  (Linux default autotuning: tcp_rmem max 6 MiB, half of it advertised, i.e. ~3 MiB), reductions and
+  copies on one CPU thread. At high latency this is far slower than NCCL (window/RTT caps each flow).
+
+The default numbers of `nccl` and `gloo` are starting points from public sources (NCCL's tuning
+constants, Linux TCP defaults, Gloo issue threads); calibration refines them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+# Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
+# - 12 (TCP timestamp option) = 1448 payload bytes and takes 1500 + 14 (header) + 4 (FCS) + 8 (preamble)
+# + 12 (inter-frame gap) = 1538 byte times on the wire.
+ETH_OVERHEAD = 14 + 4 + 8 + 12
+IP_TCP_OVERHEAD = 20 + 20 + 12
+
+FAMILIES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "p2p")
+
+ALL_ALGORITHMS = {
+    "allreduce": ["ring", "recursive-doubling", "rabenseifner", "binomial-tree", "hierarchical"],
+    "allgather": ["ring", "recursive-doubling", "bruck"],
+    "reducescatter": ["ring", "halving"],
+    "alltoall": ["pairwise", "all-at-once"],
+    "broadcast": ["binomial-tree"],
+    "reduce": ["binomial-tree"],
+}
+
+
+def tcp_efficiency(mtu: int = 1500) -> float:
+    """Payload bytes per wire byte of a bulk TCP stream over Ethernet at this MTU."""
+    if mtu <= IP_TCP_OVERHEAD:
+        raise ValueError(f"MTU {mtu} is too small")
+    return (mtu - IP_TCP_OVERHEAD) / (mtu + ETH_OVERHEAD)
+
+
+@dataclass
+class BackendProfile:
+    """How one communication library behaves. Units: seconds, bytes, bytes per second.
+
+    name: label shown in results.
+    wire_efficiency: payload bytes per byte of NIC line rate (Ethernet/IP/TCP framing); every byte a
+        flow sends costs 1/wire_efficiency bytes of NIC and switch capacity. 1448/1538 = 0.9415 for TCP
+        at MTU 1500 (`tcp_efficiency(mtu)`), 1.0 for `ideal`. Not applied inside a node.
+    efficiency: per operation family (allreduce, allgather, reducescatter, alltoall, broadcast, reduce,
+        p2p), a further payload efficiency of that library's implementation of it: a flow of that family
+        costs 1/efficiency bytes of every link it crosses per payload byte. Families not listed use 1.0.
+        Fit it from large-message, low-latency runs (busbw / line rate / wire_efficiency).
+    message_overhead: software time per message (LogP's o: syscalls, proxy thread, copies' fixed part),
+        paid by the sender before the message is handed to the network. Fit from small messages.
+    call_overhead: fixed time per collective call on every rank (kernel launch, Python, handshakes).
+    reduce_bandwidth: bytes per second a rank reduces (sums) received data at; gamma = 1/reduce_bandwidth.
+        None: free (GPU reductions next to Ethernet).
+    host_bandwidth: bytes per second one rank's communication stack can move in each direction (a CPU
+        thread copying into sockets, summed over its connections). None: unlimited.
+    window_bytes: bytes in flight per socket (TCP receive window); each socket's rate is capped at
+        window_bytes / RTT with RTT = 2 * latency. None: no cap.
+    channels: sockets per peer connection (NCCL channels x sockets); a connection gets `channels` fair
+        shares of a contended link and `channels` windows.
+    slice_bytes: pipelining granularity. When set, ring and tree algorithms cut each step's chunk into
+        slices of at most this size and forward every slice as soon as it has arrived (NCCL). None: one
+        message per step, the next step starting when the previous one arrived (Gloo, MPI).
+    algorithms: per operation, the algorithms this library implements, which `algorithm="auto"` chooses
+        from. Any algorithm can still be asked for by name.
+    """
+
+    name: str = "custom"
+    wire_efficiency: float = 1.0
+    efficiency: dict[str, float] = field(default_factory=dict)
+    message_overhead: float = 0.0
+    call_overhead: float = 0.0
+    reduce_bandwidth: float | None = None
+    host_bandwidth: float | None = None
+    window_bytes: float | None = None
+    channels: int = 1
+    slice_bytes: float | None = None
+    algorithms: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in ALL_ALGORITHMS.items()})
+
+    def __post_init__(self):
+        self.validate()
+
+    # ---- derived --------------------------------------------------------------------------------------
+    def family_efficiency(self, family: str) -> float:
+        return float(self.efficiency.get(family, 1.0))
+
+    @property
+    def gamma(self) -> float:
+        """Seconds per byte reduced."""
+        return 0.0 if self.reduce_bandwidth is None else 1.0 / self.reduce_bandwidth
+
+    def candidates(self, op: str) -> list[str]:
+        return list(self.algorithms.get(op, ALL_ALGORITHMS.get(op, [])))
+
+    # ---- checks ---------------------------------------------------------------------------------------
+    def validate(self) -> BackendProfile:
+        def positive(name, v, allow_none=False):
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v > 0) or not math.isfinite(v):
+                raise ValueError(f"profile {self.name!r}: {name} must be a positive number, got {v!r}")
+
+        positive("wire_efficiency", self.wire_efficiency)
+        if self.wire_efficiency > 1:
+            raise ValueError(f"profile {self.name!r}: wire_efficiency must be <= 1, got {self.wire_efficiency}")
+        if not isinstance(self.efficiency, dict):
+            raise ValueError(f"profile {self.name!r}: efficiency must be a mapping family -> value")
+        for fam, v in self.efficiency.items():
+            if fam not in FAMILIES:
+                raise ValueError(f"profile {self.name!r}: unknown family {fam!r} in efficiency; "
+                                 f"choose from {', '.join(FAMILIES)}")
+            positive(f"efficiency[{fam!r}]", v)
+        for name in ("message_overhead", "call_overhead"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0) or not math.isfinite(v):
+                raise ValueError(f"profile {self.name!r}: {name} must be a number >= 0, got {v!r}")
+        for name in ("reduce_bandwidth", "host_bandwidth", "window_bytes", "slice_bytes"):
+            positive(name, getattr(self, name), allow_none=True)
+        if isinstance(self.channels, bool) or not isinstance(self.channels, int) or self.channels < 1:
+            raise ValueError(f"profile {self.name!r}: channels must be a positive integer, got {self.channels!r}")
+        if not isinstance(self.algorithms, dict):
+            raise ValueError(f"profile {self.name!r}: algorithms must be a mapping op -> [algorithm, ...]")
+        for op, algs in self.algorithms.items():
+            known = ALL_ALGORITHMS.get(op)
+            if known is None:
+                raise ValueError(f"profile {self.name!r}: unknown op {op!r} in algorithms")
+            for a in algs:
+                if a not in known:
+                    raise ValueError(f"profile {self.name!r}: unknown {op} algorithm {a!r}; "
+                                     f"choose from {', '.join(known)}")
+        return self
+
+    # ---- (de)serialisation ----------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict, base: BackendProfile | str | None = None) -> BackendProfile:
+        """A profile from a (possibly partial) dict laid over `base` (a profile or built-in name).
+        Unknown keys are an error, so a typo in a calibration file does not pass silently."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a profile must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown profile field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        start = get_profile(base).to_dict() if base is not None else cls().to_dict()
+        start.update(data)
+        return cls(**start)
+
+    def save(self, path) -> None:
+        Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")
+
+    @classmethod
+    def load(cls, path, base: BackendProfile | str | None = None) -> BackendProfile:
+        """Read a calibration JSON file (a profile object, possibly partial). Fields it lacks come from
+        `base`, else from the built-in profile named by its `name` field, else from the defaults."""
+        try:
+            data = json.loads(Path(path).read_text())
+        except OSError as exc:
+            raise ValueError(f"cannot read calibration file {path}: {exc.strerror or exc}") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"calibration file {path} is not valid JSON: {exc}") from None
+        if base is None and isinstance(data, dict) and data.get("name") in BUILTIN:
+            base = data["name"]
+        return cls.from_dict(data, base=base)
+
+    def replace(self, **changes) -> BackendProfile:
+        return dataclasses.replace(self, **changes)
+
+
+def ideal() -> BackendProfile:
+    return BackendProfile(name="ideal")
+
+
+def nccl() -> BackendProfile:
+    return BackendProfile(
+        name="nccl",
+        wire_efficiency=tcp_efficiency(1500),
+        message_overhead=5e-6,  # per slice: proxy thread + socket call (NCCL NET/Simple per-hop ~ few us)
+        call_overhead=10e-6,  # kernel launch + NCCL base latency (tuning.cc baseLat ~ 8 us)
+        reduce_bandwidth=None,  # reductions fused into the GPU copy kernel
+        host_bandwidth=None,
+        window_bytes=None,  # several sockets per peer, large buffers
+        channels=2,
+        slice_bytes=1 << 20,  # NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8 * SLICESTEPS 2
+        algorithms={
+            "allreduce": ["ring", "binomial-tree"],
+            "allgather": ["ring"],
+            "reducescatter": ["ring"],
+            "alltoall": ["all-at-once"],
+            "broadcast": ["binomial-tree"],
+            "reduce": ["binomial-tree"],
+        },
+    )
+
+
+def gloo() -> BackendProfile:
+    return BackendProfile(
+        name="gloo",
+        wire_efficiency=tcp_efficiency(1500),
+        message_overhead=30e-6,  # per message: TCP pair bookkeeping, syscalls, a small copy
+        call_overhead=50e-6,  # Python + ProcessGroupGloo work queue + buffer set-up
+        reduce_bandwidth=4e9,  # single-threaded CPU sum
+        host_bandwidth=2.5e9,  # one CPU thread copying through the socket layer
+        window_bytes=3 * 2**20,  # tcp_rmem max 6 MiB, half advertised
+        channels=1,
+        slice_bytes=None,
+        algorithms={
+            "allreduce": ["ring", "rabenseifner"],  # allreduce_ring(_chunked), allreduce_halving_doubling
+            "allgather": ["ring"],
+            "reducescatter": ["ring"],
+            "alltoall": ["all-at-once"],
+            "broadcast": ["binomial-tree"],
+            "reduce": ["binomial-tree"],
+        },
+    )
+
+
+BUILTIN = {"ideal": ideal, "nccl": nccl, "gloo": gloo}
+
+
+def get_profile(backend) -> BackendProfile:
+    """A profile from a built-in name or an existing profile (returned as is)."""
+    if isinstance(backend, BackendProfile):
+        return backend.validate()
+    if isinstance(backend, str) and backend in BUILTIN:
+        return BUILTIN[backend]()
+    raise ValueError(f"unknown backend {backend!r}; choose one of: {', '.join(BUILTIN)} (or a BackendProfile)")

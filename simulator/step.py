@@ -1,0 +1,281 @@
+"""Training-step model: compute, codec kernels, communication and how much of it is exposed.
+
+Baseline (`method="allreduce"`): PyTorch DDP. Gradients are grouped into buckets of `bucket_mb` MiB
+(in reverse layer order); a bucket's allreduce can start once backward has produced it, and buckets are
+reduced one after another on one communication stream, overlapping the rest of backward. Only the tail
+that outlasts backward is exposed. Then every rank runs the Lion update locally.
+
+lioncub methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`): after backward, one
+control allreduce (lioncub.wire.CONTROL), then per bucket: encode (codec kernel), the method's collectives
+(lioncub.wire.vote_collectives), decode; then the update. Every K steps the momentum is averaged with an
+fp32 allreduce of all parameters (bucketed the same way); that cost is amortized as 1/K per step.
+
+Kernel times are bytes moved through device memory / `memory_bandwidth`:
+  Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
+  Codec (method-specific, see `codec_bytes_per_element`): the extra passes that build and consume the
+  wire format (reading m and g to form the sign/level, packing, the vote, unpacking; a bf16 cast).
+Compute is given (`compute_seconds`), or 6 * params * tokens / flops_per_second (forward 1/3, backward 2/3).
+
+Each distinct collective is simulated once (on an idle network, as it runs on the communication stream)
+and its simulated time reused for every bucket of the same size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .. import wire
+from .cluster import Cluster
+from .collectives import ALGORITHMS, Cache, _parse_algorithm_spec, composite_collectives, simulate_collective
+from .profiles import get_profile
+from .units import parse_byte_rate, parse_count, parse_time
+
+UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def codec_bytes_per_element(method: str, world_size: int, levels: int | None = None,
+                            grad_dtype: str = "float32") -> float:
+    """Device-memory bytes the method's encode/decode kernels move per parameter (beyond the update)."""
+    wire.check_method(method)
+    n = world_size
+    if n == 1:
+        return 0.0
+    if method == "allreduce":
+        return 0.0 if grad_dtype == "float32" else 12.0  # cast down (4 + 2) and back up (2 + 4)
+    encode = 8.0  # read m and g to form the sign / level
+    if method == "vote-allgather":
+        return encode + 1 / 8 + n / 8  # write own bits; read everyone's bits to vote
+    if method == "vote-1bit":
+        planes = wire.result_planes(n)
+        # write own bits; vote on own chunk (read n chunks, write planes); read the gathered planes
+        return encode + 1 / 8 + 1 / 8 + planes / (8 * n) + planes / 8
+    bpe = wire.field_layout(method, n, levels).bits_per_element
+    return encode + 2 * bpe / 8  # write packed fields; read the summed fields
+
+
+@dataclass
+class StepResult:
+    """One training step on every rank (seconds; bytes are per rank per step, momentum sync amortized).
+
+    step_seconds = compute + codec + optimizer + exposed_communication (for lioncub methods every
+    collective is exposed; for the DDP baseline only the tail that outlasts backward).
+    speedup = baseline_step_seconds / step_seconds, the baseline being fp32 DDP allreduce on the same
+    cluster and backend.
+    """
+
+    method: str
+    backend: str
+    ranks: int
+    params: float
+    step_seconds: float
+    compute_seconds: float
+    optimizer_seconds: float
+    codec_seconds: float
+    communication_seconds: float
+    exposed_communication_seconds: float
+    momentum_sync_seconds: float
+    bytes_sent_per_rank: float
+    baseline_step_seconds: float
+    speedup: float
+    momentum_sync: int | None
+    buckets: int
+    collectives: list[dict] = field(default_factory=list)
+    baseline: dict | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.step_seconds
+
+    def to_dict(self) -> dict:
+        d = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        d["seconds"] = self.step_seconds
+        return d
+
+
+def _buckets(params: int, bucket_bytes: float) -> list[int]:
+    per = max(1, int(bucket_bytes // 4))  # fp32 parameters per bucket
+    full, last = divmod(params, per)
+    return [per] * full + ([last] if last else [])
+
+
+def simulate_step(
+    cluster: Cluster,
+    method: str = "allreduce",
+    params=None,
+    momentum_sync: int | None = None,
+    bucket_mb: float = 25.0,
+    compute_seconds=None,
+    flops_per_second=None,
+    tokens_per_step=None,
+    backend="nccl",
+    algorithm="auto",
+    *,
+    grad_dtype: str = "float32",
+    levels: int | None = None,
+    memory_bandwidth="2TB/s",
+    backward_fraction: float = 2 / 3,
+    cache: Cache | None = None,
+    _baseline: bool = True,
+) -> StepResult:
+    """Simulate one data-parallel training step with lioncub `method` on `cluster`.
+
+    params: number of parameters (int, or '1.3B').
+    momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by `allreduce`.
+    bucket_mb: bucket size in MiB of fp32 gradients (DDP's bucket_cap_mb; lioncub uses the same).
+    compute_seconds: forward + backward time per step; or give flops_per_second and tokens_per_step
+        (per rank) for 6 * params * tokens / flops.
+    algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
+        "op=alg,..." (see simulate_collective).
+    grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
+    memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s').
+    """
+    wire.check_method(method)
+    if not isinstance(cluster, Cluster):
+        raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
+    if params is None:
+        raise ValueError("params (number of parameters) is required")
+    P = parse_count(params)
+    if not P >= 1:
+        raise ValueError(f"params must be >= 1, got {params!r}")
+    P = int(P)
+    if grad_dtype not in _DTYPE_BYTES:
+        raise ValueError(f"grad_dtype must be one of {', '.join(_DTYPE_BYTES)}, got {grad_dtype!r}")
+    if not (isinstance(bucket_mb, (int, float)) and bucket_mb > 0):
+        raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
+    K = momentum_sync or None
+    if K is not None and (isinstance(K, bool) or not isinstance(K, int) or K < 1):
+        raise ValueError(f"momentum_sync must be a positive integer (or None), got {momentum_sync!r}")
+    if not 0 < backward_fraction <= 1:
+        raise ValueError(f"backward_fraction must be in (0, 1], got {backward_fraction!r}")
+    mem_bw = parse_byte_rate(memory_bandwidth)
+    if not mem_bw > 0:
+        raise ValueError(f"memory_bandwidth must be positive, got {memory_bandwidth!r}")
+    if compute_seconds is not None:
+        compute = parse_time(compute_seconds)
+    elif flops_per_second is not None and tokens_per_step is not None:
+        flops, tokens = parse_count(flops_per_second), parse_count(tokens_per_step)
+        if not (flops > 0 and tokens > 0):
+            raise ValueError("flops_per_second and tokens_per_step must be positive")
+        compute = 6.0 * P * tokens / flops
+    else:
+        raise ValueError("give compute_seconds, or flops_per_second and tokens_per_step")
+    if compute < 0:
+        raise ValueError(f"compute time must be >= 0, got {compute_seconds!r}")
+    profile = get_profile(backend)
+    cache = cache if cache is not None else Cache()
+    N = cluster.ranks
+    buckets = _buckets(P, bucket_mb * 2**20)
+
+    spec = _step_spec(algorithm, cluster)
+
+    memo: dict = {}
+
+    def run(op, nbytes):
+        if (op, nbytes) in memo:
+            return memo[op, nbytes]
+        if op == "allreduce":
+            alg = spec.get("allreduce", "auto")
+        else:
+            alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels)}
+        memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache)
+        return memo[op, nbytes]
+
+    t_bwd = compute * backward_fraction
+    t_fwd = compute - t_bwd
+    optimizer = UPDATE_BYTES_PER_PARAM * P / mem_bw
+    codec_per_elem = codec_bytes_per_element(method, N, levels, grad_dtype)
+    colls: list[dict] = []
+    sent = 0.0
+    msync = 0.0
+
+    if method == "allreduce":
+        # DDP: bucket i is ready when backward has produced it; one stream reduces buckets in order.
+        size = _DTYPE_BYTES[grad_dtype]
+        done, end, comm, codec = 0, t_fwd, 0.0, 0.0
+        for e in buckets:
+            done += e
+            ready = t_fwd + t_bwd * done / P
+            t_codec = codec_per_elem * e / mem_bw
+            t_comm = 0.0
+            if N > 1:
+                r = run("allreduce", e * size)
+                t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
+                _tally(colls, "allreduce", r.algorithm, e * size, r.seconds)
+            end = max(end, ready) + t_codec + t_comm
+            comm += t_comm
+            codec += t_codec
+        exposed = max(0.0, end - (t_fwd + t_bwd))
+        step = compute + exposed + optimizer
+    else:
+        comm, codec = 0.0, 0.0
+        if N > 1:
+            r = run("allreduce", wire.CONTROL.nbytes)
+            comm, sent = r.seconds, r.bytes_sent_per_rank
+            _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
+        for e in buckets:
+            codec += codec_per_elem * e / mem_bw
+            if N > 1:
+                r = run(method, 4 * e)
+                comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
+                _tally(colls, method, r.algorithm, 4 * e, r.seconds)
+        if K is not None and N > 1:
+            total, bytes_ = 0.0, 0.0
+            for e in buckets:
+                r = run("momentum-sync", 4 * e)
+                total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
+                _tally(colls, "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
+            msync = total / K
+            comm += msync
+            sent += bytes_ / K
+        exposed = comm
+        step = compute + codec + comm + optimizer
+
+    base_dict, base_step = None, step
+    if _baseline and not (method == "allreduce" and grad_dtype == "float32"):
+        base = simulate_step(cluster, "allreduce", P, None, bucket_mb, compute, None, None, profile,
+                             algorithm=spec, memory_bandwidth=mem_bw,
+                             backward_fraction=backward_fraction, cache=cache, _baseline=False)
+        base_step = base.step_seconds
+        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+    return StepResult(
+        method=method, backend=profile.name, ranks=N, params=P, step_seconds=step,
+        compute_seconds=compute, optimizer_seconds=optimizer, codec_seconds=codec,
+        communication_seconds=comm, exposed_communication_seconds=exposed, momentum_sync_seconds=msync,
+        bytes_sent_per_rank=sent, baseline_step_seconds=base_step,
+        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=len(buckets),
+        collectives=colls, baseline=base_dict,
+    )
+
+
+def _tally(colls, what, alg, nbytes, seconds, per_step=1.0):
+    for c in colls:
+        if c["what"] == what and c["size_bytes"] == nbytes and c["algorithm"] == alg:
+            c["count"] += 1
+            return
+    colls.append({"what": what, "algorithm": alg, "size_bytes": nbytes, "seconds": seconds,
+                  "per_step": per_step, "count": 1})
+
+
+def _step_spec(algorithm, cluster) -> dict:
+    """A step's `algorithm` argument as {op: algorithm}: 'auto', 'op=alg,...' / a dict, or one name that
+    applies to every op it is an algorithm of (auto for the others)."""
+    spec = _parse_algorithm_spec(algorithm)
+    if isinstance(spec, dict):
+        for op, alg in spec.items():
+            if op not in ALGORITHMS:
+                raise ValueError(f"unknown op {op!r} in algorithm spec; choose from {', '.join(ALGORITHMS)}")
+            if alg != "auto" and alg not in ALGORITHMS[op]:
+                raise ValueError(f"unknown {op} algorithm {alg!r}; choose one of: {', '.join(ALGORITHMS[op])}")
+        return spec
+    if spec == "auto":
+        return {}
+    ops = [op for op, algs in ALGORITHMS.items() if spec in algs]
+    if not ops:
+        known = sorted({a for algs in ALGORITHMS.values() for a in algs})
+        raise ValueError(f"unknown algorithm {spec!r}; choose one of: {', '.join(known)}, auto")
+    return {op: spec for op in ops}
+
+
+__all__ = ["StepResult", "simulate_step", "codec_bytes_per_element"]
