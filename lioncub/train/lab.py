@@ -1,0 +1,42 @@
+"""Training on the emulated Ethernet lab: each rank runs `python -m lioncub.train.lab CONFIG_JSON` inside its
+host's network namespace (the lab sets the torchrun environment), and reports its summary back."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+
+def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, progress: bool = True,
+                 lab=None, timeout: float | None = None) -> dict:
+    """Rank 0's summary of training `cfg` on `ranks` lab ranks; builds (and tears down) a lab unless an
+    open `lab` is given."""
+    from lioncub.lab import Lab
+
+    if lab is None:
+        with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=bandwidth) as new_lab:
+            return train_on_lab(cfg, ranks, bandwidth, ranks_per_host, progress, new_lab, timeout)
+    argv = [sys.executable, "-m", "lioncub.train.lab", json.dumps(dataclasses.asdict(cfg)), str(int(progress))]
+    results = lab.run(argv, ranks=ranks, timeout=timeout, stream_rank0=progress)
+    summary = results[0].result
+    summary["lab"] = {k: v for k, v in lab.describe().items() if k != "hosts"}
+    return summary
+
+
+def _rank_main() -> None:
+    from lioncub.distributed import init_distributed
+    from lioncub.lab import report
+    from lioncub.train.loop import TrainConfig, train
+
+    cfg = TrainConfig.from_dict(json.loads(sys.argv[1]))
+    progress = len(sys.argv) > 2 and sys.argv[2] == "1"
+    rank, _ = init_distributed(backend="gloo", timeout=300)
+    summary = train(cfg, progress=progress and rank == 0)
+    if rank:
+        summary.pop("records")
+    report(summary)
+
+
+if __name__ == "__main__":
+    _rank_main()
