@@ -18,6 +18,7 @@ From Python (the calibration calls this; the lab stays up between probes):
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import statistics
 import sys
@@ -62,6 +63,8 @@ def normalize(probe: dict) -> dict:
         raise ValueError("repeat must be >= 1 and warmup >= 0")
     if p.get("bandwidth") is not None:
         p["bandwidth"] = parse_rate(p["bandwidth"])
+    if p.get("ranks") is not None and p["ranks"] < 2:
+        raise ValueError(f"a collective needs at least 2 ranks, got {p['ranks']}")
     return p
 
 
@@ -138,21 +141,17 @@ def bench_many(lab, probes: list[dict], timeout: float | None = None) -> list[di
     probes = [normalize(p) for p in probes]
     for p in probes:
         ranks = p.get("ranks") or lab.max_ranks
-        if not 2 <= ranks <= lab.max_ranks:
-            raise ValueError(f"a probe needs 2..{lab.max_ranks} ranks in this lab, asked for {ranks}")
+        if ranks > lab.max_ranks:
+            raise ValueError(f"{ranks} ranks asked for; this lab has room for {lab.max_ranks}")
     results: list[dict] = []
-    i = 0
-    while i < len(probes):
-        key = (probes[i].get("ranks"), probes[i].get("bandwidth"))
-        j = i
-        while j < len(probes) and (probes[j].get("ranks"), probes[j].get("bandwidth")) == key:
-            j += 1
-        group = probes[i:j]
-        if key[1] is not None:
-            lab.set_bandwidth(key[1])
-        ranks = key[0] or lab.max_ranks
+    setting = lambda p: (p.get("ranks"), p.get("bandwidth"))
+    for (ranks, bandwidth), group in itertools.groupby(probes, key=setting):
+        group = list(group)
+        if bandwidth is not None:
+            lab.set_bandwidth(bandwidth)
+        ranks = ranks or lab.max_ranks
         rate = lab.network.rate_bps
-        budget = timeout or 120 + 10 * sum(_estimate_seconds(p, rate) for p in group)
+        budget = timeout or (120 + 10 * sum(_estimate_seconds(p, rate) for p in group))
         job = json.dumps({"probes": group, "pg_timeout": budget})
         out = lab.run([sys.executable, "-m", "lioncub.lab.worker", job], ranks=ranks, timeout=budget)
         for res in out[0].result:
@@ -166,7 +165,6 @@ def bench_many(lab, probes: list[dict], timeout: float | None = None) -> list[di
                 backend="gloo",
             )
             results.append(res)
-        i = j
     return results
 
 
@@ -187,16 +185,20 @@ def bench(
     from .lab import Lab
 
     rph = _ranks_per_host(ranks, hosts, ranks_per_host)
-    probe = normalize(dict(op=op, size=size, repeat=repeat, warmup=warmup, dtype=dtype, levels=levels))
+    probe = normalize(dict(op=op, size=size, repeat=repeat, warmup=warmup, dtype=dtype, levels=levels,
+                           ranks=ranks))
     with Lab(ranks=ranks, ranks_per_host=rph, bandwidth=bandwidth, burst=burst) as lab:
         return lab.bench_many([probe])[0]
 
 
 def _ranks_per_host(ranks: int, hosts: int | None, ranks_per_host: int | None) -> int:
-    if ranks < 2:
-        raise ValueError(f"a collective needs at least 2 ranks, got {ranks}")
+    if ranks < 1:
+        raise ValueError(f"ranks must be positive, got {ranks}")
     if hosts is not None and ranks_per_host is not None:
-        raise ValueError("give --hosts or --ranks-per-host, not both")
+        if hosts * ranks_per_host != ranks:
+            raise ValueError(f"--ranks {ranks} differs from --hosts {hosts} x --ranks-per-host "
+                             f"{ranks_per_host}; give two of the three")
+        return ranks_per_host
     if hosts is not None:
         if hosts < 1 or ranks % hosts:
             raise ValueError(f"--ranks {ranks} must be a multiple of --hosts {hosts}")

@@ -85,9 +85,8 @@ def register(sub) -> None:
 def _topology(p, ranks: bool = True, attach: bool = True) -> None:
     if ranks:
         p.add_argument("--ranks", type=int, default=None, help="hosts = ranks / ranks-per-host")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--hosts", type=int, default=None)
-    g.add_argument("--ranks-per-host", type=int, default=None, help="emulate nodes x GPUs")
+    p.add_argument("--hosts", type=int, default=None, help="default: ranks / ranks-per-host")
+    p.add_argument("--ranks-per-host", type=int, default=None, help="emulate nodes x GPUs (default 1)")
     p.add_argument(
         "--bandwidth", default=None, help="per-link rate, both directions, e.g. 100Mbit (default 1Gbit)"
     )
@@ -236,9 +235,3 @@ def _run(args) -> int:
         print(json.dumps([r.result for r in results]))
     return 0
 
-
-if __name__ == "__main__":  # `python -m lioncub.lab.cli lab ...`: the same CLI without the other subsystems
-    import lioncub.cli as top
-
-    top.COMMANDS = ["lioncub.lab.cli"]
-    sys.exit(top.main())

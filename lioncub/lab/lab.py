@@ -157,8 +157,11 @@ class Lab:
 
         return bench.bench_many(self, probes, timeout=timeout)
 
-    def measure_rate(self, nbytes: int, src: int = 0, dst: int = 1, port: int = 5201) -> dict:
-        """One TCP transfer of `nbytes` from host `src` to host `dst`: {"bytes", "seconds", "bps"}."""
+    def measure_rate(
+        self, nbytes: int, src: int = 0, dst: int = 1, port: int = 5201, start_at: float | None = None
+    ) -> dict:
+        """One TCP transfer of `nbytes` from host `src` to host `dst`: {"bytes", "seconds", "bps",
+        "start", "end"} (time.monotonic() values). With `start_at`, sending starts at that time."""
         net = self.network
         rx = subprocess.Popen(
             ["ip", "netns", "exec", net.hosts[dst].netns, sys.executable, "-m", "lioncub.lab.tcp",
@@ -170,7 +173,8 @@ class Lab:
                 raise LabError("the TCP receiver did not start")
             tx = subprocess.run(
                 ["ip", "netns", "exec", net.hosts[src].netns, sys.executable, "-m", "lioncub.lab.tcp",
-                 "send", net.hosts[dst].addr, str(port), str(int(nbytes))],
+                 "send", net.hosts[dst].addr, str(port), str(int(nbytes)),
+                 *([] if start_at is None else [repr(start_at)])],
                 capture_output=True, text=True, timeout=300,
             )
             if tx.returncode != 0:

@@ -18,7 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 NS_PREFIX = "lioncub-"
@@ -128,11 +128,14 @@ class Network:
     burst_s: float = TICK_S
     burst: int = 0
     limit: int = 0
-    extra: dict = field(default_factory=dict)
 
     @property
     def namespaces(self) -> list[str]:
         return [self.switch_netns] + [h.netns for h in self.hosts]
+
+    def port(self, index: int) -> str:
+        """The switch-side end of host `index`'s veth (a bridge port)."""
+        return f"lc{self.run_id}p{index}"
 
     @property
     def state_file(self) -> Path:
@@ -221,7 +224,7 @@ def _build(net: Network) -> None:
     shape = _tbf(net)
     sw_tc = []
     for h in net.hosts:
-        port = f"lc{rid}p{h.index}"
+        port = net.port(h.index)
         sw_ip += [
             f"link add {port} type veth peer name {h.ifname} netns {h.netns}",
             f"link set {port} addrgenmode none",
@@ -251,7 +254,7 @@ def reshape(net: Network, rate_bps: float) -> None:
     net.rate_bps, net.burst, net.limit = (
         float(rate_bps), tbf_burst(rate_bps, net.burst_s), tbf_limit(rate_bps))
     _batch("tc", net.switch_netns,
-           [f"qdisc replace dev lc{net.run_id}p{h.index} {_tbf(net)}" for h in net.hosts])
+           [f"qdisc replace dev {net.port(h.index)} {_tbf(net)}" for h in net.hosts])
     for h in net.hosts:
         _batch("tc", h.netns, [f"qdisc replace dev {h.ifname} {_tbf(net)}"])
     net.save()
