@@ -82,6 +82,14 @@ class _Timer:
         return time.perf_counter()
 
 
+def _wire_dtype(value) -> torch.dtype:
+    """torch.float32 / torch.bfloat16, or their names (so JSON configs can carry it)."""
+    if isinstance(value, str):
+        value = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+                 "bf16": torch.bfloat16}.get(value.removeprefix("torch."), value)
+    return value
+
+
 def _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype):
     wire.check_method(method)
     if not lr >= 0:
@@ -110,7 +118,7 @@ class LionCub(torch.optim.Optimizer):
         process_group: the data-parallel group (default: the world, or none if not initialised).
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of
             collectives per bucket.
-        grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16).
+        grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).
         timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
@@ -120,6 +128,7 @@ class LionCub(torch.optim.Optimizer):
                  method: str = "l1-pbit", levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, timing: bool = False):
+        grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.method, self.process_group = method, process_group

@@ -139,7 +139,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     broadcast_parameters(model)
     opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
-                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=getattr(torch, cfg.grad_wire_dtype))
+                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype)
     start, records = 0, []
     if cfg.resume and cfg.checkpoint_dir:
         found = _latest_checkpoint(cfg.checkpoint_dir)

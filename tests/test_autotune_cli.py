@@ -1,0 +1,208 @@
+"""`lioncub autotune` from the command line: JSON, --output configs that LionCub and `lioncub train` accept,
+bad input, calibration files and pilots."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_step
+
+from lioncub import autotune, schedules, wire
+from lioncub.cli import main
+
+SLOW = ["--ranks", "4", "--bandwidth", "100Mbit", "--latency", "50us"]
+
+
+def run_json(capsys, *argv):
+    assert main(["autotune", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_json_ranked_list_and_output_config(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    out = run_json(capsys, "--model", "char-tiny", *SLOW, "--compute-seconds", "0.1", "--output", str(path))
+    cfg = json.loads(path.read_text())
+    assert out["recommended"] == cfg
+    ranked = out["ranked"]
+    assert [r["rank"] for r in ranked] == list(range(1, len(ranked) + 1))
+    assert [r["step_seconds"] for r in ranked] == sorted(r["step_seconds"] for r in ranked)
+    assert all(r["risk"]["score"] < 0.45 for r in ranked)  # the default bound: medium
+    # the config is the top (flat) row, and its prediction is simulate_step's on the same cluster and backend
+    top = next(r for r in ranked if r["deployable"])
+    assert (cfg["optimizer"]["method"], cfg["optimizer"]["bucket_mb"]) == (top["method"], top["bucket_mb"])
+    assert cfg["optimizer"]["method"] != "allreduce"  # 100 Mbit/s: compression pays
+    cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
+    k = None if top["momentum_sync"] == "none" else int(top["momentum_sync"].split(":")[1])
+    direct = simulate_step(cluster, top["method"], autotune.builtin_params("char-tiny"), k, top["bucket_mb"], 0.1,
+                           backend="gloo", levels=top["levels"], memory_bandwidth=2e12)
+    assert cfg["predicted"]["step_seconds"] == pytest.approx(direct.step_seconds, rel=1e-12)
+    assert cfg["predicted"]["baseline"]["step_seconds"] == pytest.approx(direct.baseline_step_seconds, rel=1e-12)
+    assert cfg["cluster"]["backend"] == "gloo" and cfg["cluster"]["ranks"] == 4
+    assert cfg["train"]["model"] == "char-tiny" and cfg["risk"]["level"] in ("low", "medium")
+    assert {"within_risk", "configurations", "seconds"} <= set(cfg["search"])
+    # best_per_method: one flat row per method
+    assert sorted(r["method"] for r in out["best_per_method"]) == sorted(wire.METHODS)
+
+
+def test_config_round_trips_into_lioncub_and_trainconfig(tmp_path, capsys):
+    import torch
+
+    from lioncub.optim import LionCub
+    from lioncub.train.loop import TrainConfig
+
+    cluster = Cluster.for_ranks(16, bandwidth="1Gbit", latency="50us")
+    model = autotune.model_spec("char-small", compute_seconds=0.05)
+    res = autotune.search(cluster, model.params, model.compute_seconds, steps=200, backend="gloo")
+    for c in res.best_per_method():
+        cfg = json.loads(json.dumps(autotune.build_config(c, res, model, cluster, "test", get_profile("gloo"),
+                                                          "v", steps=200)))
+        net = torch.nn.Linear(8, 3)
+        opt = LionCub(net.parameters(), lr=1e-3, **cfg["optimizer"])
+        assert opt.method == c.method and opt.bucket_bytes == int(c.bucket_mb * 2**20)
+        assert opt.levels == (c.levels or 0)
+        want = "none" if c.method == "allreduce" else c.momentum_sync
+        assert schedules.describe(opt.schedule) == want
+        tc = TrainConfig.from_dict(cfg["train"])
+        assert (tc.model, tc.method, tc.levels, tc.momentum_sync, tc.bucket_mb, tc.steps) == (
+            "char-small", c.method, c.levels, want, c.bucket_mb, 200)
+    # a preset model: the train section carries the optimizer fields only
+    path = tmp_path / "gpt.json"
+    run_json(capsys, "--model", "gpt2-124m", "--ranks", "8", "--bandwidth", "1Gbit", "--output", str(path))
+    cfg = json.loads(path.read_text())
+    LionCub(torch.nn.Linear(4, 4).parameters(), lr=1e-4, **cfg["optimizer"])
+    tc = TrainConfig.from_dict(cfg["train"])
+    assert tc.method == cfg["optimizer"]["method"] and "model" not in cfg["train"]
+
+
+def test_lioncub_train_accepts_the_config(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    run_json(capsys, "--model", "mlp", *SLOW, "--methods", "l1-pbit,allreduce", "--max-risk", "high",
+             "--output", str(path))
+    cfg = json.loads(path.read_text())
+    assert main(["train", "--config", str(path), "--steps", "2", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["model"], summary["method"], summary["steps"]) == ("mlp", cfg["train"]["method"], 2)
+    assert math.isfinite(summary["final_loss"])
+
+
+def test_text_output_says_when_compression_does_not_pay(tmp_path, capsys):
+    path = tmp_path / "tuned.json"
+    assert main(["autotune", "--params", "25M", "--compute-seconds", "0.05", "--ranks", "8", "--bandwidth",
+                 "100Gbit", "--latency", "5us", "--momentum-sync", "none,every:16", "--output", str(path)]) == 0
+    text = capsys.readouterr().out
+    coll = json.loads(path.read_text())["collective"]
+    if "NCCL_ALGO" in coll["env"]:  # pinned only when it is what every allreduce of the step uses
+        want = {"Ring": "ring", "Tree": "binomial-tree"}[coll["env"]["NCCL_ALGO"]]
+        assert {c["algorithm"].split(":")[-1] for c in coll["collectives"]} == {want}
+    assert "compression does not pay" in text and "Use allreduce" in text
+    assert "recommended: allreduce" in text
+    table = text[text.index("-  -"):].splitlines()[1]
+    assert table.split()[1] == "allreduce"  # the top row
+
+
+def test_max_risk_and_top(capsys):
+    args = ["--params", "100M", "--compute-seconds", "0.1", "--ranks", "32", "--bandwidth", "1Gbit",
+            "--bucket-mb", "25,100", "--momentum-sync", "none,every:1,every:8,every:64"]
+    out = run_json(capsys, *args, "--max-risk", "low", "--top", "5")
+    assert len(out["ranked"]) == 5 and all(r["risk"]["level"] == "low" for r in out["ranked"])
+    out_all = run_json(capsys, *args, "--max-risk", "high")
+    lows = [r for r in out_all["ranked"] if r["risk"]["score"] < 0.2]
+    assert [(r["method"], r["momentum_sync"], r["bucket_mb"], r["levels"]) for r in lows[:5]] == [
+        (r["method"], r["momentum_sync"], r["bucket_mb"], r["levels"]) for r in out["ranked"]]
+    assert out_all["search"]["within_risk"] == out_all["search"]["configurations"]
+
+
+def test_calibration_file_is_used(tmp_path, capsys):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"name": "gloo-lab", "message_overhead": 2e-3, "window_bytes": 65536}))
+    args = ["--params", "3M", "--compute-seconds", "0.02", *SLOW, "--backend", "gloo", "--momentum-sync", "none"]
+    plain = run_json(capsys, *args)
+    calibrated = run_json(capsys, *args, "--calibration", str(cal))
+    cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
+    want = simulate_step(cluster, "allreduce", 3_000_000, None, 25, 0.02, backend=BackendProfile.load(cal, base="gloo"),
+                         memory_bandwidth=2e12).step_seconds
+    assert calibrated["baseline"]["step_seconds"] == pytest.approx(want, rel=1e-12)
+    assert calibrated["baseline"]["step_seconds"] > plain["baseline"]["step_seconds"]
+    assert calibrated["cluster"]["backend"] == "gloo-lab"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--model", "gpt5", *SLOW], "unknown model"),
+    (["--model", "mlp"], "describe the cluster"),
+    (["--model", "mlp", "--preset", "nope"], "unknown cluster preset"),
+    (["--model", "mlp", "--ranks", "6", "--gpus-per-node", "4"], "multiple"),
+    (["--model", "mlp", *SLOW, "--max-risk", "extreme"], "max-risk"),
+    (["--model", "mlp", *SLOW, "--bucket-mb", "4,x"], "bucket-mb"),
+    (["--model", "mlp", *SLOW, "--momentum-sync", "every:x"], "momentum-sync"),
+    (["--model", "mlp", *SLOW, "--methods", "adam"], "unknown method"),
+    (["--model", "mlp", *SLOW, "--levels", "0"], "levels"),
+    (["--model", "mlp", *SLOW, "--pilot", "0"], "pilot"),
+    (["--model", "mlp", *SLOW, "--pilot", "3", "--pilot-model", "gpt2-124m"], "pilot-model"),
+    (["--model", "mlp", *SLOW, "--top", "0"], "top"),
+    (["--model", "mlp", *SLOW, "--calibration", "/nonexistent/cal.json"], "calibration"),
+    (["--params", "lots", *SLOW], "--params"),
+    (["--model", "mlp", "--ranks", "4", "--bandwidth=0Gbit"], "bandwidth must be positive"),
+])
+def test_bad_input_is_a_clear_error(argv, match, capsys):
+    assert main(["autotune", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lioncub: error:") and match in err and "Traceback" not in err
+
+
+def test_pilot_ranking_by_predicted_time_to_target(monkeypatch):
+    """A runner with known loss curves: the ranking is (first step the smoothed loss reaches the target)
+    x (predicted step time), computed here by hand."""
+    cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
+    res = autotune.search(cluster, 100_000, 0.01, steps=200, momentum_syncs=["none", "every:2"], bucket_mbs=[25])
+    cands = autotune.pilot_candidates(res.ranked, 3, steps=20)
+    assert cands[0].method == "allreduce" and len(cands) == 4
+    keys = [(c.method, c.levels, c.momentum_sync) for c in cands[1:]]
+    assert len(set(keys)) == 3 and all(c.deployable for c in cands)
+    curves = {  # loss at step t (1-based); same value held so the trailing mean is exact
+        0: [5.0 - 0.1 * t for t in range(1, 21)],  # allreduce
+        1: [5.0 - 0.05 * t for t in range(1, 21)],  # half as fast per step: never reaches the target
+        2: [5.0 - 0.2 * t for t in range(1, 21)],  # twice as fast per step
+        3: [5.0 - 0.1 * t for t in range(1, 21)],  # as fast per step as allreduce
+    }
+    seen = []
+
+    def fake(cfg, ranks, cluster=None):
+        i = len(seen)
+        seen.append((cfg, ranks))
+        return {"final_loss": curves[i][-1], "records": [{"loss": x} for x in curves[i]], "step_seconds": 0.01}
+
+    monkeypatch.setitem(autotune.PILOT_RUNNERS, "fake", fake)
+    p = autotune.run_pilots(cands, steps=20, ranks=2, model="char-tiny", runner="fake")
+    assert [cfg.method for cfg, _ in seen] == [c.method for c in cands] and all(r == 2 for _, r in seen)
+    assert all(cfg.steps == 20 and cfg.model == "char-tiny" for cfg, _ in seen)
+    w = max(1, 20 // 10)
+    sm = {i: [sum(c[max(0, j - w + 1): j + 1]) / len(c[max(0, j - w + 1): j + 1]) for j in range(20)]
+          for i, c in curves.items()}
+    target = sm[0][math.ceil(20 * 2 / 3) - 1]
+    assert p["target_loss"] == pytest.approx(target)
+    expect = []
+    for i, c in enumerate(cands):
+        hit = next((j + 1 for j, x in enumerate(sm[i]) if x <= target + 1e-12), None)
+        expect.append((hit is None, hit * c.step_seconds if hit else sm[i][-1], i))
+    order = [i for *_, i in sorted(expect)]
+    assert [r["candidate"] for r in p["runs"]] == [cands[i] for i in order]
+    assert p["runs"][-1]["candidate"] is cands[1] and p["runs"][-1]["time_to_target"] is None
+    # an explicit target
+    seen.clear()
+    p = autotune.run_pilots(cands, steps=20, ranks=2, model="char-tiny", runner="fake", target_loss=1.5)
+    assert p["target_loss"] == 1.5 and p["runs"][0]["candidate"] is cands[2]
+
+
+def test_tiny_real_pilot(capsys):
+    out = run_json(capsys, "--model", "mlp", "--ranks", "2", "--bandwidth", "100Mbit", "--pilot", "3",
+                   "--pilot-ranks", "2", "--pilot-top", "1", "--momentum-sync", "none,every:2")
+    p = out["pilot"]
+    assert (p["steps"], p["ranks"], p["model"], p["runner"]) == (3, 2, "mlp", "local")
+    assert len(p["runs"]) == 2 and {r["method"] for r in p["runs"]} >= {"allreduce"}
+    for r in p["runs"]:
+        assert math.isfinite(r["final_eval_loss"]) and r["train_config"]["steps"] == 3
+    reached = [r["predicted_time_to_target_seconds"] for r in p["runs"] if r["steps_to_target"] is not None]
+    assert reached == sorted(reached) and reached  # the allreduce pilot reaches its own target
+    assert out["recommended"]["pilot"] == p
