@@ -169,10 +169,19 @@ def all_finite(t: torch.Tensor) -> bool:
 # --- the compressed step: pre-pass, quantize-and-pack, vote, unpack-and-apply ---------------------------
 
 
+_SUM_CHUNK = 1 << 14
+
+
 def segment_sums_abs(c: torch.Tensor, offsets: list[int]) -> torch.Tensor:
-    """float64 sums of |c| over each segment [offsets[i], offsets[i+1])."""
+    """float64 sums of |c| over each segment [offsets[i], offsets[i+1]): fp32 sums of 16K-element chunks
+    (accurate to ~1e-7 and vectorised), combined in fp64 (a direct fp64 sum of fp32 data is ~50x slower)."""
     a = torch.abs(c, out=scratch("abs", c.numel(), c.dtype, c.device))
-    return torch.stack([a[s:e].sum(dtype=torch.float64) for s, e in zip(offsets[:-1], offsets[1:])])
+    sums = []
+    for s, e in zip(offsets[:-1], offsets[1:]):
+        k = (e - s) // _SUM_CHUNK
+        main = a[s : s + k * _SUM_CHUNK].view(k, _SUM_CHUNK).sum(1).double().sum() if k else 0.0
+        sums.append(a[s + k * _SUM_CHUNK : e].sum().double() + main)
+    return torch.stack(sums)
 
 
 def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:
@@ -212,20 +221,34 @@ def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: 
     n, dev = g.numel(), g.device
     c = lion_direction(g, m, beta1, scratch("c", n, torch.float32, dev))
     momentum_update_(m, g, beta2)
-    if method in ("vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit"):
-        n_pad = max(n, 8 * out.numel()) if method in ("vote-1bit", "vote-allgather") else n
-        signs = scratch("signs", -(-n_pad // 8) * 8, torch.int8, dev)
-        torch.sign(c, out=c)
-        signs[:n].copy_(c)  # -1, 0, +1 as int8
-        if method in ("vote-1bit", "vote-allgather"):
-            signs[n:] = 0
-            return _pack_sign_votes(signs, out, zero_parity)
-        values = signs[:n].view(torch.uint8).add_(1)  # sign + 1: 255 wraps to 0, so {0, 1, 2}
+    if method in ("vote-1bit", "vote-allgather"):
+        return pack_signs(c, out, zero_parity)
+    if method in ("vote-pbit", "avg-pbit"):
+        signs = scratch("signs", n, torch.int8, dev).copy_(c.sign_())  # -1, 0, +1
+        values = signs.view(torch.uint8).add_(1)  # sign + 1: 255 wraps to 0, so {0, 1, 2}
     elif method == "l1-pbit":
         values = l1_levels(c, mult, offsets, levels).add_(levels)  # integral floats in [0, 2s]
     else:
         raise ValueError(f"quantize_pack: method {method!r} has no code")
     return pack_fields(values, layout, out)
+
+
+def pack_signs(c: torch.Tensor, out: torch.Tensor, zero_parity: int = 0) -> torch.Tensor:
+    """fp32 c -> packed 1-bit votes in `out` (8*out.numel() >= n bits; padding votes as c == 0)."""
+    n, n_pad = c.numel(), 8 * out.numel()
+    sgn = torch.sign(c, out=scratch("sign", n, torch.float32, c.device))
+    signs = scratch("signs", n_pad, torch.int8, c.device)
+    signs[:n].copy_(sgn)
+    signs[n:] = 0
+    return _pack_sign_votes(signs, out, zero_parity)
+
+
+def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """Packed bits -> +-1 fp32 (a scratch view of n elements): one table lookup per byte."""
+    B = packed.numel()
+    update = scratch("update", 8 * B, torch.float32, packed.device)
+    torch.index_select(_bit_table("sign", packed.device), 0, packed.to(torch.int32), out=update.view(B, 8))
+    return update[:n]
 
 
 _LOW_BITS = 0x0101010101010101  # bit 0 of each of the 8 bytes of an int64
@@ -318,9 +341,7 @@ def decode_update(method: str, code, n: int, *, world_size: int, levels: int = 0
     if method in ("vote-1bit", "vote-allgather"):
         sign_plane, nonzero_plane = code
         B = sign_plane.numel()
-        update = scratch("update", 8 * B, torch.float32, sign_plane.device)
-        torch.index_select(_bit_table("sign", sign_plane.device), 0, sign_plane.to(torch.int32),
-                           out=update.view(B, 8))
+        update = unpack_signs(sign_plane, 8 * B)
         if nonzero_plane is not None:
             ones = scratch("update2", 8 * B, torch.float32, sign_plane.device)
             torch.index_select(_bit_table("ones", sign_plane.device), 0, nonzero_plane.to(torch.int32),

@@ -22,6 +22,7 @@ from lioncub import kernels, schedules, wire
 from lioncub.transport import BucketWire, agree_count, allreduce_mean_, group_rank_size, traffic
 
 log = logging.getLogger("lioncub")
+BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
 
 
 @dataclass
@@ -174,29 +175,43 @@ class LionCub(torch.optim.Optimizer):
             for (device, dtype), params in by_kind.items():
                 if dtype not in (torch.float32, torch.bfloat16, torch.float16):
                     raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
-                total = sum(p.numel() for p in params)
-                P = torch.empty(total, dtype=dtype, device=device)
-                G = torch.zeros(total, dtype=dtype, device=device)
-                M = torch.zeros(total, dtype=dtype, device=device)
-                offset, start, members = 0, 0, []
-                for i, p in enumerate(params):
-                    n = p.numel()
-                    P[offset : offset + n].copy_(p.data.reshape(-1))
-                    if p.grad is not None:
-                        G[offset : offset + n].copy_(p.grad.reshape(-1))
-                    p.data = P[offset : offset + n].view_as(p)
-                    p.grad = G[offset : offset + n].view_as(p)
-                    self.state[p]["exp_avg"] = M[offset : offset + n].view_as(p)
-                    offset += n
-                    members.append(p)
-                    full = (offset - start) * P.element_size() >= self.bucket_bytes
-                    if full or i == len(params) - 1:
-                        bounds = [0]
-                        for q in members:
-                            bounds.append(bounds[-1] + q.numel())
-                        buckets.append(Bucket(gi, members, P[start:offset], G[start:offset],
-                                              M[start:offset], bounds))
-                        start, members = offset, []
+                buckets += self._flatten(gi, params, dtype, device)
+        return buckets
+
+    def _flatten(self, group_index, params, dtype, device) -> list[Bucket]:
+        """Copy `params` into flat buffers (each bucket starting on a 64-byte boundary), make each
+        parameter's .data, .grad and momentum views into them, and cut them into buckets."""
+        align = BUCKET_ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
+        groups, current, size = [], [], 0
+        for p in params:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= self.bucket_bytes:
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        starts, total = [], 0
+        for members in groups:
+            starts.append(total)
+            total += -(-sum(p.numel() for p in members) // align) * align
+        P = torch.zeros(total, dtype=dtype, device=device)
+        G = torch.zeros(total, dtype=dtype, device=device)
+        M = torch.zeros(total, dtype=dtype, device=device)
+        buckets = []
+        for start, members in zip(starts, groups):
+            bounds = [0]
+            for p in members:
+                lo, n = start + bounds[-1], p.numel()
+                P[lo : lo + n].copy_(p.data.reshape(-1))
+                if p.grad is not None:
+                    G[lo : lo + n].copy_(p.grad.reshape(-1))
+                p.data = P[lo : lo + n].view_as(p)
+                p.grad = G[lo : lo + n].view_as(p)
+                self.state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
+                bounds.append(bounds[-1] + n)
+            end = start + bounds[-1]
+            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds))
         return buckets
 
     # --- gradients ------------------------------------------------------------------------------------

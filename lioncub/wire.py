@@ -16,9 +16,9 @@ and the fields of a word occupy at most the word's non-negative range (`usable` 
 
 The word type is the one that gives the fewest bits per element for this width.
 
-Layout is planar: with `W = ceil(n / per_word)` words, element `i` lives in word `i % W`, field
-`i // W` (bits `width*(i//W) ...`). Packing is then `per_word` shifted adds of contiguous slices, which
-is fast in torch and gives coalesced loads in a GPU kernel.
+Layout is planar: with `W = ceil(n / per_word)` words (rounded up to a multiple of 16), element `i`
+lives in word `i % W`, field `i // W` (bits `width*(i//W) ...`). Packing is then `per_word` shifted
+adds of contiguous slices, which is fast in torch and gives coalesced loads in a GPU kernel.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ PBIT_METHODS = ("vote-pbit", "avg-pbit", "l1-pbit")
 ONEBIT_METHODS = ("vote-allgather", "vote-1bit")
 MAX_FIELD_WIDTH = 32
 
+WORD_ALIGN = 16
 # (word bits, usable bits, dtype name); the dtypes are native SUM types in both NCCL and Gloo.
 WORD_TYPES = ((8, 8, "uint8"), (32, 31, "int32"), (64, 63, "int64"))
 
@@ -59,7 +60,9 @@ class FieldLayout:
         return self.word_bits / self.per_word
 
     def words(self, n: int) -> int:
-        return -(-n // self.per_word)
+        """Words for n elements, rounded up to a multiple of 16 so that every field plane of a bucket
+        starts on a 16-element boundary (aligned vector access in the kernels)."""
+        return -(-n // (self.per_word * WORD_ALIGN)) * WORD_ALIGN
 
     def nbytes(self, n: int) -> int:
         return self.words(n) * self.word_bits // 8

@@ -83,12 +83,13 @@ def test_vote_1bit_step_and_momentum_sync_amortization():
 
 
 def test_pbit_composite_sends_the_field_width_for_n_ranks():
-    # 4 ranks voting 0/1/2: sums up to 8 need 4-bit fields, two per uint8 word
+    # 4 ranks voting 0/1/2: sums up to 8 need 4-bit fields, two per uint8 word (words padded to 16)
     cluster = Cluster(nodes=4, bandwidth="10Gbit", latency=A)
     n = 1_000_001
+    words = math.ceil(math.ceil(n / 2) / 16) * 16
     r = simulate_collective(cluster, "vote-pbit", "ring", 4 * n, backend="ideal")
-    assert [(x["op"], x["size_bytes"], x["dtype"]) for x in r.parts] == [("allreduce", (n + 1) // 2, "uint8")]
-    assert r.seconds == pytest.approx(6 * A + 1.5 * ((n + 1) // 2) / B, rel=1e-6)
+    assert [(x["op"], x["size_bytes"], x["dtype"]) for x in r.parts] == [("allreduce", words, "uint8")]
+    assert r.seconds == pytest.approx(6 * A + 1.5 * words / B, rel=1e-6)
     # vote-allgather: everyone's packed signs
     r = simulate_collective(cluster, "vote-allgather", "ring", 4 * n, backend="ideal")
     assert r.parts[0]["op"] == "allgather" and r.parts[0]["size_bytes"] == 4 * math.ceil(n / 8)

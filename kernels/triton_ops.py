@@ -1,0 +1,22 @@
+"""lioncub's Triton kernels, with the signatures and semantics of their torch twins
+(`lioncub.kernels.reference`); `lioncub.kernels` dispatches here for CUDA tensors (LIONCUB_KERNELS=auto)
+or always (LIONCUB_KERNELS=triton; CPU tensors then run under TRITON_INTERPRET=1).
+
+One launch per flat bucket, one pass over memory per kernel:
+  lion_step      p, g, m -> p, m                          plain fused Lion (world size 1)
+  prepass        g (and m for l1-pbit) -> finite flag, L1 multipliers per tensor (read only)
+  quantize_pack  g, m -> packed code, m                   c, code and momentum update in one pass
+  vote           N packed 1-bit rows -> majority bits     bit-sliced popcount, nothing unpacked
+  unpack_apply   code, p -> p                             decode U and apply decay + step in one pass
+See docs/KERNELS.md for layouts and bytes moved per parameter.
+"""
+
+from __future__ import annotations
+
+from .triton_apply import unpack_apply
+from .triton_lion import lion_step
+from .triton_prepass import prepass
+from .triton_quantize import quantize_pack
+from .triton_vote import vote
+
+__all__ = ["lion_step", "prepass", "quantize_pack", "vote", "unpack_apply"]
