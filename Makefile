@@ -7,6 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 CPU_TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.lioncub-installed
+NB_STAMP := $(VENV)/.lioncub-notebooks
 
 .PHONY: demo test lint notebooks bench clean-venv lab-clean validation
 
@@ -30,8 +31,14 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
-notebooks: $(STAMP)
-	$(PY) -m pip install -q '.[notebooks]' && $(VENV)/bin/jupyter lab notebooks/
+# JupyterLab comes from the `notebooks` extra, installed once (editable, like the rest: a plain '.[notebooks]'
+# would replace the editable lioncub with a copy). The notebooks are stored without outputs: notebooks/README.md.
+$(NB_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[dev,notebooks]'
+	@touch $(NB_STAMP)
+
+notebooks: $(NB_STAMP)
+	$(VENV)/bin/jupyter lab notebooks/ $$([ "$$(id -u)" = 0 ] && echo --allow-root)
 
 bench: $(STAMP)
 	$(VENV)/bin/lioncub bench step
