@@ -1,0 +1,69 @@
+"""`lioncub autotune`: search method, collective layout, bucket size and momentum-sync schedule for a cluster.
+
+    lioncub autotune --model gpt2-124m --preset 10gbe-4x8
+    lioncub autotune --params 1.3B --compute-seconds 0.3 --ranks 64 --gpus-per-node 8 --bandwidth 10Gbit \
+        --latency 50us --max-risk low --output tuned.json
+    lioncub autotune --model char-small --preset lab-100mbit-4x1 --pilot 60 --output tuned.json
+
+Every configuration's step time comes from the simulator (`lioncub.simulator.simulate_step`), with one
+`Cache` shared by the whole search, so each distinct collective (op, algorithm, size) is simulated once.
+The search itself imports no torch; only `--pilot` does (it trains).
+
+The search space
+----------------
+* method: the six of `lioncub.wire.METHODS`;
+* l1-pbit levels: the default `127 // N`, and (for N > 4) for each wider p-bit field the most levels that
+  fit in it (up to 4 more bits, at most 127): more levels cost bytes and lower the quantization risk;
+* bucket size (MiB of fp32 gradients): 4, 25, 100 (sizes that give the same buckets are one candidate);
+* collective layout: `flat` (the backend's own choice among the algorithms it implements, per
+  collective and message size, as NCCL's tuner or Gloo does) and, with several GPUs per node,
+  `hierarchical` allreduce (reduce-scatter inside the node, ring between nodes, all-gather inside);
+* momentum sync: none, every:K (K = 1, 2, 4, ..., 1024, below the planned run length), first:K:M
+  (every K steps during the first tenth of the run) and geometric:K (interval doubles every K syncs).
+  every:K is simulated as such; first/geometric cost the no-sync step plus their sync rate over the
+  planned run times the simulated cost of one sync (the simulator's own amortization, made exact).
+
+The convergence risk rule (see `risk`) and the pilot ranking (see `run_pilots`) are documented where they
+are defined and in docs/AUTOTUNE.md.
+"""
+
+from .cli import format_pilot, format_table, register, run
+from .clusters import CLUSTER_PRESETS, make_cluster
+from .config import NCCL_ALGO, build_config, collective_section, search_info, write_config
+from .models import (
+    BUILTIN,
+    DEFAULT_GPU,
+    DEFAULT_TOKENS,
+    GPUS,
+    PRESETS,
+    UTILIZATION,
+    ModelSpec,
+    builtin_params,
+    model_spec,
+)
+from .pilot import PILOT_RUNNERS, TARGET_AT, pilot_candidates, pilot_to_dict, run_pilots, smoothed
+from .risk_rule import MEASURED_AT, RISK_LEVELS, RISK_RULE, level_of, parse_max_risk, risk, unsynced_share
+from .risk_rule import _sync_steps as _sync_steps  # the tests check it against the schedules
+from .space import (
+    BASELINE_BUCKET_MB,
+    DEFAULT_BUCKETS_MB,
+    EVERY_KS,
+    GEOMETRIC_KS,
+    MAX_LEVELS,
+    Candidate,
+    SearchResult,
+    default_schedules,
+    l1_levels_candidates,
+    normalize_schedule,
+    recommend,
+    search,
+)
+
+__all__ = ["BASELINE_BUCKET_MB", "BUILTIN", "CLUSTER_PRESETS", "DEFAULT_BUCKETS_MB", "DEFAULT_GPU",
+           "DEFAULT_TOKENS", "EVERY_KS", "GEOMETRIC_KS", "GPUS", "MAX_LEVELS", "MEASURED_AT", "NCCL_ALGO",
+           "PILOT_RUNNERS", "PRESETS", "RISK_LEVELS", "RISK_RULE", "TARGET_AT", "UTILIZATION", "Candidate",
+           "ModelSpec", "SearchResult", "build_config", "builtin_params", "collective_section",
+           "default_schedules", "format_pilot", "format_table", "l1_levels_candidates", "level_of",
+           "make_cluster", "model_spec", "normalize_schedule", "parse_max_risk", "pilot_candidates",
+           "pilot_to_dict", "recommend", "register", "risk", "run", "run_pilots", "search", "search_info",
+           "smoothed", "unsynced_share", "write_config"]

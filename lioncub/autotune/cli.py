@@ -1,0 +1,306 @@
+"""Text output and the `lioncub autotune` command (`register`, `run`)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+
+from lioncub import wire
+from lioncub.simulator import get_profile
+from lioncub.simulator.profiles import BackendProfile
+from lioncub.simulator.units import format_size, format_time
+
+from .clusters import CLUSTER_PRESETS, make_cluster
+from .config import build_config, search_info, write_config
+from .models import BUILTIN, DEFAULT_GPU, DEFAULT_TOKENS, GPUS, PRESETS, UTILIZATION, model_spec
+from .pilot import PILOT_RUNNERS, pilot_candidates, pilot_to_dict, run_pilots
+from .risk_rule import RISK_LEVELS, RISK_RULE, parse_max_risk
+from .space import BASELINE_BUCKET_MB, DEFAULT_BUCKETS_MB, Candidate, normalize_schedule, recommend, search
+
+
+# ---------------------------------------------------------------------------------------------------------
+# text output
+# ---------------------------------------------------------------------------------------------------------
+def format_table(rows: list[Candidate], recommended: Candidate | None = None,
+                 hierarchical: dict | None = None) -> str:
+    """One row per configuration; `hierarchical` maps a row's index to its hierarchical twin (a column)."""
+    head = ["#", "method", "levels", "momentum sync", "bucket", "layout", "algorithms", "step", "speedup",
+            "bytes/step", "risk"]
+    if hierarchical is not None:
+        head.insert(8, "hierarchical")
+    body = []
+    for i, c in enumerate(rows, 1):
+        row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
+               "-" if c.method == "allreduce" else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
+               c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
+               format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
+        if hierarchical is not None:
+            t = hierarchical.get(i - 1)
+            row.insert(8, format_time(t.step_seconds) if t is not None else "-")
+        body.append(row)
+    widths = [max(len(h), *(len(b[j]) for b in body)) if body else len(h) for j, h in enumerate(head)]
+    left = {1, 3, 5, 6}
+    fmt = lambda cells: "  ".join(x.ljust(w) if j in left else x.rjust(w) for j, (x, w) in
+                                  enumerate(zip(cells, widths))).rstrip()
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body])
+
+
+def format_pilot(p: dict) -> str:
+    lines = [f"pilot: {p['steps']} steps of {p['model']} on {p['ranks']} {p['runner']} rank(s) per candidate; "
+             f"target loss {p['target_loss']:.4f} ({p['target_basis']}, trailing mean over {p['window']} steps)"]
+    head = f"  {'#':>2}  {'configuration':44s} {'eval loss':>9s} {'train loss':>10s} {'steps':>6s} " \
+           f"{'pred. step':>10s} {'time to target':>14s}"
+    lines += [head, "  " + "-" * (len(head) - 2)]
+    for i, r in enumerate(p["runs"], 1):
+        c = r["candidate"]
+        ttt = "not reached" if r["time_to_target"] is None else format_time(r["time_to_target"])
+        lines.append(f"  {i:>2}  {c.label():44s} {r['final_loss']:9.4f} {r['train_loss']:10.4f} "
+                     f"{r['steps_to_target'] or '-':>6} {format_time(c.step_seconds):>10s} {ttt:>14s}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------------------------------------
+def _presets_help() -> str:
+    return "; ".join(f"{k}: {v['about']} ({v['nodes']}x{v['gpus_per_node']}, {v['bandwidth']}, {v['latency']})"
+                     for k, v in CLUSTER_PRESETS.items())
+
+
+def register(sub) -> None:
+    import argparse
+
+    g0 = GPUS[DEFAULT_GPU]
+    import textwrap
+
+    intro = ("Describe the model and the cluster; the simulator predicts the step time of every configuration "
+             "(method, l1-pbit levels, bucket size, flat or hierarchical allreduce, momentum-sync schedule); the "
+             "fastest within --max-risk is recommended, and --output writes it as a config that "
+             "LionCub(params, **cfg['optimizer']) and `lioncub train --config FILE` accept. When compression "
+             "does not pay (or beats allreduce by less than --min-speedup), allreduce is recommended.")
+    gpu = (f"Compute time per step, unless --compute-seconds: training FLOPs / achieved FLOP/s. The default "
+           f"GPU is {g0['label']}: {g0['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak at {UTILIZATION:.0%} = "
+           f"{g0['peak_flops'] * UTILIZATION / 1e12:.0f} TFLOP/s achieved, {g0['memory_bandwidth'] / 1e12:g} TB/s "
+           "memory (codec and update kernels).")
+    p = sub.add_parser(
+        "autotune", help="search method, collective, buckets and sync interval for a cluster",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(intro, 104) + "\n\n" + textwrap.fill(gpu, 104) + "\n\n" + RISK_RULE)
+    m = p.add_argument_group("model")
+    m.add_argument("--model", help="preset: " + ", ".join(f"{k} ({v['params'] / 1e6:.1f}M, {v['batch']} "
+                                                           f"{v['what']}/rank)" for k, v in PRESETS.items())
+                   + "; built-in (trainable by `lioncub train`, pilots): " + ", ".join(BUILTIN))
+    m.add_argument("--params", help="instead of --model: number of parameters (1.3B, 350M); compute from "
+                                    f"6 x params x tokens (--tokens, default {DEFAULT_TOKENS})")
+    m.add_argument("--batch", type=int, help="samples per rank per step (sequences, images; built-in: batch_size)")
+    m.add_argument("--seq-len", type=int, help="tokens per sequence (GPT presets: 1024)")
+    m.add_argument("--block-size", type=int, help="built-in char models: context length (default 64)")
+    m.add_argument("--tokens", help="tokens per rank per step (overrides batch x seq-len)")
+    m.add_argument("--compute-seconds", help="measured forward + backward time per step (e.g. 0.2, 180ms)")
+    m.add_argument("--flops", help="achieved FLOP/s per GPU instead of the GPU assumption (e.g. 150T)")
+    m.add_argument("--gpu", default=DEFAULT_GPU, choices=sorted(GPUS),
+                   help=f"GPU assumption for compute and kernel times (default {DEFAULT_GPU}: "
+                        + ", ".join(f"{k}: {v['label']} {v['peak_flops'] / 1e12:.0f} TFLOP/s, "
+                                    f"{v['memory_bandwidth'] / 1e12:g} TB/s" for k, v in GPUS.items()) + ")")
+    m.add_argument("--memory-bandwidth", help="device memory bandwidth for codec/update kernels (default: the GPU's)")
+    c = p.add_argument_group("cluster")
+    c.add_argument("--preset", help="named cluster (explicit flags override its fields): " + _presets_help())
+    c.add_argument("--ranks", type=int, help="number of ranks (GPUs)")
+    c.add_argument("--nodes", type=int, help="number of nodes (instead of --ranks)")
+    c.add_argument("--gpus-per-node", type=int, help="ranks per node (default 1)")
+    c.add_argument("--bandwidth", help="NIC line rate per node: 10Gbit, 100Mbit (default 10Gbit)")
+    c.add_argument("--latency", help="one-way host-to-host latency: 20us, 1ms (default 20us)")
+    c.add_argument("--intra-bandwidth", help="each GPU's port inside a node (default 800Gbit)")
+    c.add_argument("--backend", choices=["nccl", "gloo", "ideal"],
+                   help="communication library (default nccl; gloo for the built-in models, which train on CPU)")
+    c.add_argument("--calibration", metavar="FILE", help="simulator backend profile JSON (from a calibration run)")
+    s = p.add_argument_group("search")
+    s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(wire.METHODS))
+    s.add_argument("--bucket-mb", help="comma-separated bucket sizes in MiB (default 4,25,100)")
+    s.add_argument("--momentum-sync", help="comma-separated schedules to try: none, K, every:K, first:K:M, "
+                                           "geometric:K (default: none, every:1..1024, first:1:M, first:8:M "
+                                           "with M = steps/10, geometric:2,8,32)")
+    s.add_argument("--levels", type=int, help="fix l1-pbit's levels (default: 127 // N and wider fields)")
+    s.add_argument("--algorithms", default="backend", choices=["backend", "flat", "all"],
+                   help="backend: the algorithms the backend implements (chosen per collective), plus a "
+                        "hierarchical allreduce with several GPUs per node; flat: no hierarchical; all: every "
+                        "algorithm the simulator models (default backend)")
+    s.add_argument("--steps", type=int, help="planned run length, for sync rates and risk (default 10000; "
+                                             "200 for built-in models, written to the train section)")
+    s.add_argument("--max-risk", default="medium",
+                   help="low, medium, high (no bound) or a score (default medium)")
+    s.add_argument("--min-speedup", type=float, default=1.10,
+                   help="a compressed method must beat the best allreduce by this factor to be recommended "
+                        "(default 1.10)")
+    s.add_argument("--top", type=int, help="show the N fastest configurations (default: the best of each method)")
+    s.add_argument("--lr", type=float, help="learning rate written to the train section and used by pilots")
+    pl = p.add_argument_group("pilot (imports torch, trains)")
+    pl.add_argument("--pilot", type=int, metavar="STEPS", help="train the top candidates for STEPS steps and "
+                                                               "rank them by predicted time to the target loss")
+    pl.add_argument("--pilot-ranks", type=int, help="ranks per pilot (default min(ranks, 4))")
+    pl.add_argument("--pilot-top", type=int, default=3, help="compressed candidates to pilot besides allreduce "
+                                                             "(default 3)")
+    pl.add_argument("--pilot-model", help="built-in model to pilot (default: the model if built-in, else char-tiny "
+                                          "as a proxy)")
+    pl.add_argument("--target-loss", type=float,
+                    help="target training loss (default: the allreduce pilot's smoothed loss at 2/3 of the pilot)")
+    pl.add_argument("--pilot-on", default="local", help="where pilots run: " + ", ".join(PILOT_RUNNERS))
+    p.add_argument("--output", metavar="FILE", help="write the recommended configuration as JSON")
+    p.add_argument("--json", action="store_true", help="print the ranked list (and recommendation) as JSON")
+    p.set_defaults(func=run)
+
+
+def _csv(text, parse, what):
+    if text is None:
+        return None
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise ValueError(f"{what}: empty list")
+    out = []
+    for t in items:
+        try:
+            out.append(parse(t))
+        except ValueError as exc:
+            raise ValueError(f"{what}: {exc}") from None
+    return out
+
+
+def _float(t):
+    try:
+        return float(t)
+    except ValueError:
+        raise ValueError(f"not a number: {t!r}") from None
+
+
+def run(args) -> int:
+    say = (lambda *a: None) if args.json else print
+    model = model_spec(args.model, args.params, batch=args.batch, seq_len=args.seq_len, tokens=args.tokens,
+                       block_size=args.block_size, compute_seconds=args.compute_seconds, flops=args.flops,
+                       gpu=args.gpu)
+    cluster, cdesc = make_cluster(args.preset, ranks=args.ranks, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+                                  bandwidth=args.bandwidth, latency=args.latency,
+                                  intra_bandwidth=args.intra_bandwidth)
+    backend = args.backend or ("gloo" if model.builtin else "nccl")
+    if args.calibration:
+        profile = BackendProfile.load(args.calibration, base=backend)
+    else:
+        profile = get_profile(backend)
+    steps = args.steps if args.steps is not None else (200 if model.builtin else 10_000)
+    mem_bw = args.memory_bandwidth if args.memory_bandwidth is not None else GPUS[args.gpu]["memory_bandwidth"]
+    max_risk = parse_max_risk(args.max_risk)
+    methods = _csv(args.methods, wire.check_method, "--methods") or list(wire.METHODS)
+    buckets = _csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB)
+    scheds = _csv(args.momentum_sync, normalize_schedule, "--momentum-sync")
+    if args.top is not None and args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    if not args.min_speedup > 0:
+        raise ValueError(f"--min-speedup must be positive, got {args.min_speedup}")
+    if args.pilot is not None:  # check pilot inputs before a long search
+        if args.pilot < 1:
+            raise ValueError(f"--pilot needs a positive number of steps, got {args.pilot}")
+        if args.pilot_ranks is not None and args.pilot_ranks < 1:
+            raise ValueError(f"--pilot-ranks must be >= 1, got {args.pilot_ranks}")
+        if args.pilot_top < 1:
+            raise ValueError(f"--pilot-top must be >= 1, got {args.pilot_top}")
+        if args.pilot_model is not None and args.pilot_model not in BUILTIN:
+            raise ValueError(f"--pilot-model must be a built-in model ({', '.join(BUILTIN)}), not {args.pilot_model!r}")
+        if args.pilot_on not in PILOT_RUNNERS:
+            raise ValueError(f"unknown --pilot-on {args.pilot_on!r}; choose one of: {', '.join(PILOT_RUNNERS)}")
+
+    result = search(cluster, model.params, model.compute_seconds, backend=profile, steps=steps, methods=methods,
+                    bucket_mbs=buckets, momentum_syncs=scheds, levels=args.levels, algorithms=args.algorithms,
+                    max_risk=max_risk, memory_bandwidth=mem_bw, progress=sys.stderr.isatty() and not args.json)
+    rec, verdict = recommend(result, args.min_speedup)
+
+    say(f"model    {model.name}: {model.params / 1e6:.4g}M parameters; compute {model.compute_basis}")
+    if model.builtin and args.compute_seconds is None and args.flops is None:
+        say("         (built-in models train on CPU here: pass --compute-seconds, e.g. the compute_seconds "
+            "that `lioncub train --json` reports)")
+    say(f"cluster  {cdesc}; backend {profile.name}" + (f" (calibration {args.calibration})" if args.calibration
+                                                          else ""))
+    base = result.baseline
+    say(f"baseline allreduce (fp32 DDP, {BASELINE_BUCKET_MB:g} MiB buckets): {format_time(base['step_seconds'])}"
+        f"/step, exposed communication {format_time(base['exposed_communication_seconds'])}, "
+        f"{format_size(base['bytes_sent_per_rank'])} sent per rank per step")
+    sp = result.space
+    say(f"search   {len(sp['methods'])} methods x l1 levels {sp['l1_levels']} x buckets "
+        f"{', '.join(f'{b:g}' for b in sp['bucket_mb'])} MiB x layouts {'/'.join(sp['layouts'])} x "
+        f"{len(sp['momentum_syncs'])} sync schedules over a {steps}-step run: {len(result.candidates)} "
+        f"configurations in {result.seconds:.2f} s ({result.collectives_simulated} collectives simulated)")
+    names = dict(RISK_LEVELS)
+    name = str(args.max_risk).strip().lower()
+    bound = ("none" if math.isinf(max_risk) else f"score < {names[name]:g}" if name in names
+             else f"score <= {max_risk:.4g}")
+    say(f"risk     bound {args.max_risk} ({bound}): {len(result.ranked)} configurations within it, "
+        f"{len(result.candidates) - len(result.ranked)} over it")
+    say("")
+    rows = result.ranked[: args.top] if args.top else result.best_per_method()
+    twins = None
+    if not args.top and "hierarchical" in sp["layouts"]:
+        twins = {i: result.twin(c, "hierarchical") for i, c in enumerate(rows)}
+    say(("fastest configurations" if args.top else "fastest flat configuration of each method") + ", ranked by "
+        "predicted step time (speedup over the baseline above; bytes sent per rank per step"
+        + ("; hierarchical: the same with a hierarchical allreduce, a what-if" if twins else "") + "):")
+    say(format_table(rows, rec, twins))
+    excluded = [m for m in methods if m not in {c.method for c in result.ranked}]
+    if excluded:
+        say(f"  over --max-risk in every configuration: {', '.join(excluded)}")
+    say("")
+
+    pilot = None
+    if args.pilot is not None and rec is not None:
+        pmodel = args.pilot_model or (model.name if model.builtin else "char-tiny")
+        pranks = args.pilot_ranks or min(cluster.ranks, 4)
+        say(f"pilot    {'built-in ' + pmodel if model.builtin and pmodel == model.name else pmodel + ' as a proxy'}"
+            f", {args.pilot} steps, {pranks} rank(s) via {args.pilot_on}:")
+        cands = pilot_candidates(result.ranked, args.pilot_top, args.pilot)
+        pilot = run_pilots(cands, steps=args.pilot, ranks=pranks, model=pmodel,
+                           batch_size=model.batch_size if pmodel == model.name else None,
+                           block_size=model.block_size if pmodel == model.name else None, lr=args.lr,
+                           target_loss=args.target_loss, runner=args.pilot_on, cluster=cluster, log=say)
+        say(format_pilot(pilot))
+        first = pilot["runs"][0]
+        if first["time_to_target"] is not None and first["candidate"] is not rec:
+            verdict = (f"the pilot overrides the simulator's pick ({rec.label()}): {first['candidate'].label()} "
+                       f"reaches the target loss first in predicted time ({format_time(first['time_to_target'])}"
+                       f" = {first['steps_to_target']} steps x {format_time(first['candidate'].step_seconds)}).")
+            rec = first["candidate"]
+        elif first["time_to_target"] is not None:
+            verdict += " The pilot agrees: it reaches the target loss first in predicted time."
+        say("")
+
+    cfg = None
+    if rec is not None:
+        cfg = build_config(rec, result, model, cluster, cdesc, profile, verdict, steps=steps, lr=args.lr,
+                           calibration=args.calibration, backend=backend)
+        if pilot is not None:
+            cfg["pilot"] = pilot_to_dict(pilot)
+    say(f"verdict: {verdict}")
+    if rec is not None:
+        say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}/step ({rec.speedup:.2f}x), "
+            f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
+        say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
+            + ")")
+        env = cfg["collective"]["env"]
+        if env:
+            say("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+    if args.output:
+        if cfg is None:
+            raise ValueError("nothing to write: no configuration is within --max-risk")
+        write_config(cfg, args.output)
+        say(f"wrote {args.output}" + ("  (lioncub train --config " + args.output + ")" if model.builtin else ""))
+    if args.json:
+        out = {"recommended": cfg, "verdict": verdict,
+               "ranked": [dict(rank=i, **c.to_dict()) for i, c in enumerate(result.ranked[: args.top] if args.top
+                                                                           else result.ranked, 1)],
+               "best_per_method": [c.to_dict() for c in result.best_per_method()],
+               "baseline": {k: v for k, v in base.items() if k != "collectives"},
+               "model": model.to_dict(), "cluster": {**cluster.to_dict(), "description": cdesc,
+                                                     "backend": profile.name},
+               "search": search_info(result)}
+        if pilot is not None:
+            out["pilot"] = pilot_to_dict(pilot)
+        json.dump(out, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    return 0

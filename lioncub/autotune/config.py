@@ -1,0 +1,102 @@
+"""The config file: the recommended configuration as JSON for LionCub and `lioncub train --config`."""
+
+from __future__ import annotations
+
+import json
+import math
+
+from lioncub.simulator import Cluster
+from lioncub.simulator.profiles import BackendProfile
+
+from .models import ModelSpec
+from .risk_rule import RISK_RULE
+from .space import BASELINE_BUCKET_MB, Candidate, SearchResult
+
+NCCL_ALGO = {"ring": "Ring", "binomial-tree": "Tree"}
+
+
+def collective_section(c: Candidate, backend: str) -> dict:
+    """The collective choices behind the prediction, and what (if anything) to set to get them."""
+    bulk, control = set(), set()  # allreduce algorithms of the gradient/vote/sync allreduces; of the control
+    for x in c.collectives:
+        algs = {part.split(":")[-1] for part in x["algorithm"].split("+")
+                if part.split(":")[0] == "allreduce" or ":" not in part}
+        if x["what"] == "control allreduce":
+            control |= algs
+        elif x["what"] in ("allreduce", "l1-pbit", "vote-pbit", "avg-pbit", "momentum-sync"):
+            bulk |= algs
+    sec = {"layout": c.layout, "hierarchical": c.layout == "hierarchical", "algorithms": c.algorithms,
+           "collectives": c.collectives, "env": {}, "notes": []}
+    if c.layout == "hierarchical":
+        sec["notes"].append("hierarchical allreduce needs intra-node and inter-node process groups; LionCub "
+                            "issues flat collectives on one group, so this is a what-if")
+    if backend == "nccl" and bulk:
+        both = bulk | control
+        if len(both) == 1 and next(iter(both)) in NCCL_ALGO:
+            alg = next(iter(both))
+            sec["env"]["NCCL_ALGO"] = NCCL_ALGO[alg]
+            sec["notes"].append(f"every allreduce of this step uses {alg}; NCCL_ALGO pins it (NCCL's tuner "
+                                "usually picks it by itself)")
+        else:
+            sec["notes"].append(f"the prediction uses {'/'.join(sorted(bulk))} for the bulk allreduces"
+                                + (f" and {'/'.join(sorted(control))} for the 4-byte control allreduce" if control
+                                   else "") + ", chosen per message size as NCCL's tuner does: leave NCCL_ALGO unset")
+    elif backend == "gloo":
+        sec["notes"].append("torch's Gloo backend picks its algorithms itself (not selectable); the prediction "
+                            "assumes the fastest of those the profile lists")
+    return sec
+
+
+def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: Cluster, cluster_desc: str,
+                 profile: BackendProfile, verdict: str, *, steps: int, lr: float | None = None,
+                 calibration: str | None = None, backend: str | None = None) -> dict:
+    """The JSON config: `LionCub(params, **cfg["optimizer"])` and `lioncub train --config FILE` accept it."""
+    opt = {"method": c.method, "bucket_mb": c.bucket_mb,
+           "momentum_sync": None if c.momentum_sync == "none" or c.method == "allreduce" else c.momentum_sync}
+    if c.method == "l1-pbit":
+        opt["levels"] = c.levels
+    train = {"method": c.method, "momentum_sync": "none" if c.method == "allreduce" else c.momentum_sync,
+             "bucket_mb": c.bucket_mb}
+    if c.method == "l1-pbit":
+        train["levels"] = c.levels
+    if model.builtin:
+        train = {"model": model.name, **train, "steps": steps, "batch_size": model.batch_size}
+        if model.name != "mlp":
+            train["block_size"] = model.block_size
+    if lr is not None:
+        train["lr"] = lr
+    base = result.baseline
+    return {
+        "lioncub_autotune": 1,
+        "optimizer": opt,
+        "train": train,
+        "collective": collective_section(c, backend or profile.name),
+        "predicted": {
+            "step_seconds": c.step_seconds, "speedup": c.speedup, "bytes_sent_per_rank": c.bytes_per_step,
+            "compute_seconds": c.compute_seconds, "codec_seconds": c.codec_seconds,
+            "optimizer_seconds": c.optimizer_seconds, "communication_seconds": c.communication_seconds,
+            "exposed_communication_seconds": c.exposed_communication_seconds,
+            "momentum_sync_seconds": c.momentum_sync_seconds, "syncs_per_step": c.syncs_per_step,
+            "baseline": {"method": "allreduce", "bucket_mb": BASELINE_BUCKET_MB,
+                         "step_seconds": base["step_seconds"], "bytes_sent_per_rank": base["bytes_sent_per_rank"],
+                         "exposed_communication_seconds": base["exposed_communication_seconds"]},
+            "verdict": verdict,
+        },
+        "cluster": {**cluster.to_dict(), "description": cluster_desc, "backend": profile.name,
+                    "calibration": calibration, "profile": profile.to_dict()},
+        "model": model.to_dict(),
+        "risk": {**c.risk, "rule": RISK_RULE},
+        "search": search_info(result),
+    }
+
+
+def search_info(result: SearchResult) -> dict:
+    return {**result.space, "configurations": len(result.candidates), "within_risk": len(result.ranked),
+            "max_risk": None if math.isinf(result.max_risk) else result.max_risk,
+            "seconds": round(result.seconds, 3), "collectives_simulated": result.collectives_simulated}
+
+
+def write_config(cfg: dict, path: str) -> None:
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2, default=str)
+        f.write("\n")

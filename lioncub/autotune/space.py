@@ -1,0 +1,312 @@
+"""The search space, the search over it and the recommendation."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+from lioncub import schedules, wire
+from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
+from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
+from lioncub.simulator.units import format_time, parse_byte_rate
+
+from .risk_rule import MEASURED_AT, _sync_steps, risk
+
+# ---------------------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------------------
+DEFAULT_BUCKETS_MB = (4.0, 25.0, 100.0)
+EVERY_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GEOMETRIC_KS = (2, 8, 32)
+BASELINE_BUCKET_MB = 25.0  # the reference: PyTorch DDP's default bucket_cap_mb
+
+
+def default_schedules(steps: int) -> list[str]:
+    """none, every:K for K < steps, first:1:M and first:8:M with M = steps // 10, geometric:K."""
+    out = ["none"] + [f"every:{k}" for k in EVERY_KS if k < steps]
+    m = steps // 10
+    if m >= 2:
+        out += [f"first:1:{m}"] + ([f"first:8:{m}"] if m > 8 else [])
+    out += [f"geometric:{k}" for k in GEOMETRIC_KS]
+    return out
+
+
+def normalize_schedule(text: str) -> str:
+    """A schedule in `schedules.describe` form ("none", "every:K", "first:K:M", "geometric:K")."""
+    return schedules.describe(schedules.parse(text))
+
+
+MAX_LEVELS = 127  # Lion Cub's int8-motivated range: more levels than this buy no measurable accuracy
+
+
+def l1_levels_candidates(ranks: int, extra_bits: int = 4) -> list[int]:
+    """The default levels, then for each field up to `extra_bits` wider the most levels that fit in it
+    (at most MAX_LEVELS)."""
+    s0 = wire.default_levels(ranks)
+    w0 = wire.field_layout("l1-pbit", ranks, s0).width
+    out = [s0]
+    for w in range(w0 + 1, min(wire.MAX_FIELD_WIDTH, w0 + extra_bits) + 1):
+        s = (2**w - 1) // (2 * ranks)
+        if s > MAX_LEVELS:
+            break
+        if s > out[-1] and wire.field_layout("l1-pbit", ranks, s).width == w:
+            out.append(s)
+    return out
+
+
+def _bucket_layout(params: int, bucket_mb: float) -> tuple[int, int]:
+    per = max(1, int(bucket_mb * 2**20 // 4))
+    return (min(per, params), params // per if per < params else 1)
+
+
+@dataclass
+class Candidate:
+    method: str
+    levels: int | None
+    momentum_sync: str
+    bucket_mb: float
+    layout: str  # "flat" or "hierarchical"
+    step_seconds: float
+    compute_seconds: float
+    codec_seconds: float
+    optimizer_seconds: float
+    communication_seconds: float
+    exposed_communication_seconds: float
+    momentum_sync_seconds: float
+    bytes_per_step: float  # sent per rank per step, syncs amortized
+    speedup: float  # over the reference baseline
+    syncs_per_step: float
+    collectives: list = field(default_factory=list)
+    risk: dict = field(default_factory=dict)
+
+    @property
+    def deployable(self) -> bool:
+        """LionCub issues flat collectives on one process group: a hierarchical layout is a what-if."""
+        return self.layout == "flat"
+
+    @property
+    def algorithms(self) -> dict:
+        """What the backend chose per collective: {what: algorithm}."""
+        out: dict = {}
+        for c in self.collectives:
+            out.setdefault(c["what"], [])
+            if c["algorithm"] not in out[c["what"]]:
+                out[c["what"]].append(c["algorithm"])
+        return {k: "/".join(v) for k, v in out.items()}
+
+    def algorithm_summary(self) -> str:
+        """Compact: the method's collective algorithms, then the momentum sync's (e.g. 'a2a:all-at-once+ag:ring,
+        sync:ring')."""
+        short = lambda a: a.replace("allreduce:", "").replace("alltoall:", "a2a:").replace("allgather:", "ag:")
+        algs = self.algorithms
+        out = short(algs.get(self.method, "-"))
+        if "momentum-sync" in algs:
+            out += ", sync:" + short(algs["momentum-sync"])
+        return out
+
+    def label(self) -> str:
+        s = self.method + (f" s={self.levels}" if self.levels else "")
+        if self.method != "allreduce":
+            s += f", sync {self.momentum_sync}"
+        return s + f", {self.bucket_mb:g} MiB, {self.layout}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["algorithms"] = self.algorithms
+        d["deployable"] = self.deployable
+        return d
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]  # every configuration, ranked by step time (risk not applied)
+    ranked: list[Candidate]  # those within max_risk, fastest first
+    baseline: dict  # the reference allreduce step (StepResult.to_dict())
+    max_risk: float
+    seconds: float
+    collectives_simulated: int
+    space: dict
+
+    def best_per_method(self) -> list[Candidate]:
+        """The fastest deployable (flat) configuration of each method within the risk bound."""
+        seen, out = set(), []
+        for c in self.ranked:
+            if c.deployable and c.method not in seen:
+                seen.add(c.method)
+                out.append(c)
+        return out
+
+    def twin(self, c: Candidate, layout: str) -> Candidate | None:
+        """The same configuration with another collective layout."""
+        return next((x for x in self.candidates if x.layout == layout and (x.method, x.levels, x.momentum_sync,
+                     x.bucket_mb) == (c.method, c.levels, c.momentum_sync, c.bucket_mb)), None)
+
+
+def _profile_for(profile: BackendProfile, algorithms: str) -> BackendProfile:
+    if algorithms == "all":
+        return profile.replace(algorithms={op: [a for a in algs if a != "hierarchical"]
+                                           for op, algs in ALL_ALGORITHMS.items()})
+    return profile
+
+
+def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nccl", steps: int = 10_000,
+           methods=wire.METHODS, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
+           algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
+           beta2: float = 0.99, cache: Cache | None = None, progress: bool = False) -> SearchResult:
+    """Simulate every configuration of the search space and rank those within `max_risk` by step time.
+
+    backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
+    steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
+    momentum_syncs: schedule strings (default: `default_schedules(steps)`).
+    levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
+    algorithms: "backend" (the backend's algorithms, plus a hierarchical allreduce layout when there are
+        several GPUs per node), "flat" (no hierarchical layout), "all" (every algorithm the simulator
+        models for `auto` to choose from, plus hierarchical).
+    """
+    t0 = time.perf_counter()
+    if algorithms not in ("backend", "flat", "all"):
+        raise ValueError(f"algorithms must be backend, flat or all, got {algorithms!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps (the planned run length) must be a positive integer, got {steps!r}")
+    methods = list(dict.fromkeys(methods))
+    if not methods:
+        raise ValueError("no methods to search")
+    for m in methods:
+        wire.check_method(m)
+    N = cluster.ranks
+    profile = _profile_for(get_profile(backend), algorithms)
+    cache = cache if cache is not None else Cache()
+    mem_bw = parse_byte_rate(memory_bandwidth)
+
+    bucket_mbs = sorted({float(b) for b in bucket_mbs})
+    if not bucket_mbs or any(not b > 0 for b in bucket_mbs):
+        raise ValueError(f"bucket sizes must be positive MiB, got {bucket_mbs!r}")
+    same: dict = {}  # sizes that cut the model the same way are one candidate: DDP's 25 MiB, else the smallest
+    for b in bucket_mbs:
+        same.setdefault(_bucket_layout(params, b), []).append(b)
+    buckets = sorted(BASELINE_BUCKET_MB if BASELINE_BUCKET_MB in v else v[0] for v in same.values())
+
+    scheds = [normalize_schedule(s) for s in (momentum_syncs or default_schedules(steps))]
+    scheds = list(dict.fromkeys(scheds))
+    for s in scheds:
+        if s.startswith("every:") and int(s.split(":")[1]) > steps:
+            raise ValueError(f"momentum sync {s} never syncs in a {steps}-step run (--steps)")
+    layouts = ["flat"]
+    if algorithms != "flat" and cluster.gpus_per_node > 1 and cluster.nodes > 1:
+        layouts.append("hierarchical")
+    if levels is not None:
+        if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
+            raise ValueError(f"levels must be a positive integer, got {levels!r}")
+        wire.field_layout("l1-pbit", N, levels)  # raises if it cannot fit
+        l1_levels = [levels]
+    elif N <= MEASURED_AT:  # the risk rule gives more levels no benefit here: they would only cost bytes
+        l1_levels = [wire.default_levels(N)]
+    else:
+        l1_levels = l1_levels_candidates(N)
+
+    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=mem_bw, cache=cache)
+    base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
+    base_step = base.step_seconds
+
+    groups = []  # (method, levels, bucket, layout)
+    for m in methods:
+        for lv in (l1_levels if m == "l1-pbit" else [None]):
+            for b in buckets:
+                for lay in layouts:
+                    groups.append((m, lv, b, lay))
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
+    share: dict = {}
+    rates: dict = {}
+    cands: list[Candidate] = []
+    try:
+        for m, lv, b, lay in groups:
+            alg = "auto" if lay == "flat" else {"allreduce": "hierarchical"}
+
+            def sim(k, m=m, lv=lv, b=b, alg=alg):
+                return simulate_step(cluster, m, params, k, b, algorithm=alg, levels=lv, **step_kw)
+
+            r0 = sim(None)
+            per_sync = None
+            for s in (["none"] if m == "allreduce" or N == 1 else scheds):
+                if s == "none":
+                    r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
+                elif s.startswith("every:"):
+                    r = sim(int(s.split(":")[1]))
+                    rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
+                else:  # first / geometric: the no-sync step plus this schedule's syncs per step x one sync
+                    if per_sync is None:
+                        r1 = sim(1)
+                        per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank)
+                    if s not in rates:
+                        rates[s] = len(_sync_steps(s, steps)) / steps
+                    r, rate = r0, rates[s]
+                    extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
+                step = r.step_seconds + extra_t
+                rk = risk(m, N, lv, s, steps, beta2, _share=share)
+                cands.append(Candidate(
+                    method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
+                    compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
+                    optimizer_seconds=r.optimizer_seconds,
+                    communication_seconds=r.communication_seconds + extra_t,
+                    exposed_communication_seconds=r.exposed_communication_seconds + extra_t,
+                    momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
+                    bytes_per_step=r.bytes_sent_per_rank + extra_b,
+                    speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
+                    collectives=r.collectives, risk=rk))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    order = {m: i for i, m in enumerate(wire.METHODS)}
+    cands.sort(key=lambda c: (c.step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
+    ranked = [c for c in cands if c.risk["score"] <= max_risk]
+    space = dict(ranks=N, methods=methods, l1_levels=l1_levels, bucket_mb=buckets, layouts=layouts,
+                 momentum_syncs=scheds, algorithms=algorithms, steps=steps,
+                 algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
+    return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
+                        space)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# recommendation
+# ---------------------------------------------------------------------------------------------------------
+def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidate | None, str]:
+    """(the configuration to run, a verdict in words). The fastest deployable (flat) configuration within
+    the risk bound, unless it is a compressed method that beats the best allreduce configuration by less
+    than `min_speedup`: then compression does not pay and the baseline is recommended."""
+    if not result.ranked:
+        return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
+    flat = [c for c in result.ranked if c.deployable]
+    best = flat[0]
+    ar = next((c for c in flat if c.method == "allreduce"), None)
+    notes = []
+    top = result.ranked[0]
+    if not top.deployable and best.step_seconds > 1.02 * top.step_seconds:
+        notes.append(f"a hierarchical allreduce ({top.label()}) would be {best.step_seconds / top.step_seconds:.2f}x "
+                     "faster still, but LionCub issues flat collectives on one process group today")
+    if result.space.get("ranks") == 1:
+        verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
+    elif best.method == "allreduce":
+        verdict = (f"compression does not pay here: the allreduce baseline is fastest "
+                   f"({format_time(best.step_seconds)}/step; its communication mostly hides behind backward, "
+                   f"while lioncub's methods add codec time and communicate after backward). Use allreduce.")
+    elif ar is not None and ar.step_seconds / best.step_seconds < min_speedup:
+        verdict = (f"compression does not pay enough: the best compressed configuration ({best.label()}) is only "
+                   f"{ar.step_seconds / best.step_seconds:.2f}x faster than allreduce (< --min-speedup "
+                   f"{min_speedup:g}) for {best.risk['level']} convergence risk. Use allreduce.")
+        best = ar
+    else:
+        ref = ar.step_seconds / best.step_seconds if ar is not None else None
+        verdict = (f"{best.method} pays: {best.speedup:.2f}x the default allreduce step"
+                   + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "")
+                   + f", {best.risk['level']} convergence risk ({best.risk['score']:.2f}).")
+    if notes:
+        verdict += " Note: " + "; ".join(notes) + "."
+    return best, verdict
