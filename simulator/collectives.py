@@ -125,7 +125,8 @@ class Symmetry:
 # the simulation of one collective
 # ---------------------------------------------------------------------------------------------------------
 class _Sim:
-    def __init__(self, cluster: Cluster, profile: BackendProfile, sym: Symmetry, timeline: bool):
+    def __init__(self, cluster: Cluster, profile: BackendProfile, sym: Symmetry, timeline: bool,
+                 rendezvous: bool = False):
         self.env = simpy.Environment()
         self.cluster = cluster
         self.profile = profile
@@ -134,6 +135,17 @@ class _Sim:
         self.mailbox: dict = {}
         self.timeline = timeline
         self.messages = 0
+        # rendezvous: a send waits for the receiver's ready notice (profile.rendezvous); every rank simulated
+        self.rendezvous = rendezvous
+
+
+class _Deferred:
+    """A send waiting for the receiver's ready notice; `.sent` fires when its last byte has left."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self, env):
+        self.sent = env.event()
 
 
 class Rank:
@@ -163,10 +175,24 @@ class Rank:
 
     def send(self, dst: int, nbytes: float, tag):
         """Hand nbytes for rank dst to the network; returns the Message (its .sent event fires when the
-        last byte has left). Does not wait."""
+        last byte has left). Does not wait. In rendezvous mode the message is handed over only once dst's
+        ready notice for this tag has arrived (at once if it already has)."""
         sim = self.sim
         delivered = self._box((self.r, dst, tag))
-        msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
+        if sim.rendezvous:
+            notice = self._box((dst, self.r, ("ready", tag)))
+            if notice.triggered:
+                msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
+            else:
+                msg = _Deferred(self.env)
+
+                def go(_ev, msg=msg):
+                    real = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
+                    real.sent.callbacks.append(lambda _e: msg.sent.succeed())
+
+                notice.callbacks.append(go)
+        else:
+            msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
         sim.messages += 1
         self.bytes_sent += nbytes
         self.pending.append(msg.sent)
@@ -180,6 +206,8 @@ class Rank:
         """The event of the message from rank src with this tag arriving here."""
         s, d = self.sim.sym.to_rep(src, self.r)
         ev = self._box((s, d, tag))
+        if self.sim.rendezvous:  # tell src we are ready: a control message on our connection to src
+            self.sim.net.submit(self.r, src, 0.0, self.family, self._box((d, s, ("ready", tag))))
         self.bytes_received += nbytes
         if self.events is not None:
             t0 = self.env.now
@@ -402,11 +430,55 @@ def alltoall_pairwise(ctx, n):
 
 
 def alltoall_all_at_once(ctx, n):
-    """Post all p-1 sends and receives at once (NCCL's grouped send/recv, Gloo's alltoall)."""
+    """Post all p-1 sends and receives at once (NCCL's grouped send/recv, Gloo's alltoall: for k = 1..p-1,
+    send to r+k, then receive from r-k)."""
     p, r = ctx.p, ctx.r
+    arrivals = []
     for k in range(1, p):
         ctx.send((r + k) % p, n / p, ("a2a", k))
-    yield ctx.env.all_of([ctx.recv((r - k) % p, ("a2a", k), n / p) for k in range(1, p)])
+        arrivals.append(ctx.recv((r - k) % p, ("a2a", k), n / p))
+    yield ctx.env.all_of(arrivals)
+
+
+def allgather_ring_halves(ctx, n):
+    """Gloo's ring all-gather: every step's block travels in two halves with at most two in flight, and
+    each half's send is posted before its receive (its rendezvous form)."""
+    p, r = ctx.p, ctx.r
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    half = n / p / 2
+    done = []
+    for i in range(2 * (p - 1)):
+        if i >= 2:
+            yield done[i - 2]
+        msg = ctx.send(nxt, half, ("ag2", i))
+        done.append(ctx.env.all_of([msg.sent, ctx.recv(prv, ("ag2", i), half)]))
+    yield ctx.env.all_of(done[-2:])
+
+
+def allreduce_ring_segmented(ctx, n):
+    """Gloo's ring all-reduce (gloo/allreduce.cc): the buffer is cut into segments of at most slice_bytes,
+    at least two per rank's chunk and a multiple of p in all; a reduce-scatter then an all-gather, each
+    p-1 chunks long, with two segments in flight: iteration i posts the receive of segment i, then its
+    send, and waits for (and reduces) the segment of iteration i-2 (its rendezvous form)."""
+    p, r = ctx.p, ctx.r
+    dst, src = (r - 1) % p, (r + 1) % p  # gloo sends to rank-1
+    cap = ctx.sim.profile.slice_bytes or math.inf
+    nseg = max(math.ceil(n / cap), 2 * p)
+    nseg = -(-nseg // p) * p
+    seg = n / nseg
+    iters = nseg - nseg // p
+    for phase, reduce in (("rs", True), ("ag", False)):
+        inflight = []
+        for i in range(iters + 2):
+            if i >= 2:
+                arrived, sent = inflight[i - 2]
+                yield arrived
+                if reduce:
+                    yield from ctx.reduce(seg)
+                yield sent
+            if i < iters:
+                arrived = ctx.recv(src, (phase, i), seg)
+                inflight.append((arrived, ctx.send(dst, seg, (phase, i)).sent))
 
 
 ALGORITHMS = {
@@ -424,6 +496,22 @@ ALGORITHMS = {
     "broadcast": {"binomial-tree": broadcast_binomial_tree},
     "reduce": {"binomial-tree": reduce_binomial_tree},
 }
+
+
+# profile.rendezvous runs these algorithms in Gloo's form, with the handshake (see BackendProfile).
+RENDEZVOUS_FORMS = {
+    ("allreduce", "ring"): allreduce_ring_segmented,
+    ("allgather", "ring"): allgather_ring_halves,
+    ("alltoall", "all-at-once"): alltoall_all_at_once,
+}
+
+
+def _entry_order_matters(op: str, alg: str, p: int) -> bool:
+    """Whether ranks entering one after another can serialize this rendezvous form: it must post a send
+    before the receive from the same peer, on a connection that carries data both ways (the all-to-all;
+    the ring all-gather only on 2 ranks, where the next rank is the previous one; the all-reduce posts
+    every receive first)."""
+    return (op, alg) == ("alltoall", "all-at-once") or ((op, alg) == ("allgather", "ring") and p == 2)
 
 
 def _symmetry_kind(op: str, alg: str, p: int) -> str | None:
@@ -528,6 +616,17 @@ def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmet
     if p == 1:
         res.timeline = {0: []} if timeline else None
         return res
+    if profile.rendezvous and (op, alg) in RENDEZVOUS_FORMS:
+        # Gloo's handshake: a fraction rendezvous_stagger of the calls with the ranks entering one after
+        # another (every rank simulated), the others with all entering together.
+        f = profile.rendezvous_stagger if _entry_order_matters(op, alg, p) else 0.0
+        together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
+                                   use_symmetry=use_symmetry)
+        if f > 0:
+            apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True)
+            together.seconds = (1 - f) * together.seconds + f * apart.seconds
+        together.wall_seconds = time.perf_counter() - t_wall
+        return together
     kind = _symmetry_kind(op, alg, p) if use_symmetry else None
     sym = Symmetry.choose(cluster, kind)
     sim = _Sim(cluster, profile, sym, timeline)
@@ -555,6 +654,46 @@ def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmet
     if timeline:
         res.timeline = _expand_timeline(sym, ranks)
     res.wall_seconds = time.perf_counter() - t_wall
+    return res
+
+
+def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline: bool = False,
+                    use_symmetry: bool = True) -> CollectiveResult:
+    """The rendezvous form of op/alg. Together: every rank enters at once (representative ranks only, as
+    the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
+    the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
+    entry to the last rank's end (the gap is a device to order the entries, not a delay to charge)."""
+    p = cluster.ranks
+    kind = _symmetry_kind(op, alg, p) if use_symmetry and not staggered else None
+    sym = Symmetry.choose(cluster, kind)
+    sim = _Sim(cluster, profile, sym, timeline, rendezvous=True)
+    fn = RENDEZVOUS_FORMS[op, alg]
+    ranks = [Rank(sim, r, op) for r in sym.reps]
+    lat = max(cluster.latency, cluster.intra_latency)
+    gap = profile.call_overhead + 2 * p * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
+    start = {}
+
+    def program(ctx):
+        if gap:
+            yield sim.env.timeout(ctx.r * gap)
+        start[ctx.r] = sim.env.now
+        if profile.call_overhead > 0:
+            yield sim.env.timeout(profile.call_overhead)
+        yield from fn(ctx, nbytes)
+        yield from ctx.flush()
+        ctx.finished = sim.env.now
+
+    for ctx in ranks:
+        sim.env.process(program(ctx))
+    sim.env.run()
+    if sim.mailbox:
+        raise RuntimeError(f"{op}/{alg} (rendezvous): {len(sim.mailbox)} unmatched messages")
+    res = CollectiveResult(op, alg, profile.name, p, nbytes, max(c.finished for c in ranks) - max(start.values()),
+                           max(c.bytes_sent for c in ranks), max(c.bytes_received for c in ranks))
+    res.messages = sim.messages * sym.orbit_size
+    res.simulated_ranks = len(ranks)
+    if timeline:
+        res.timeline = _expand_timeline(sym, ranks)
     return res
 
 

@@ -20,6 +20,13 @@ counter (bytes per connection so far) with a heap of the counter values at which
 head messages complete. An event then costs O(classes + log connections), not O(connections): an
 all-to-all among 1024 ranks is a handful of classes.
 
+Burst credit (profile.link_burst > 0): every NIC port is a token bucket of link_burst seconds of line
+time, full at the start. Tokens drain at (load - capacity) while the port carries more than its line
+rate and refill at (capacity - load) otherwise, up to the bucket. While a port holds tokens it does not
+limit its flows (its capacity counts as BURST_SPEEDUP times the line rate, i.e. memory speed; a
+host_bandwidth link still applies); when it runs dry the rates are recomputed with the line rate.
+This is Linux tbf (the lab's shaper): after an idle period its first `burst` bytes leave at once.
+
 Symmetry: the caller may simulate only representative ranks of a symmetric computation. It then passes
 `canonical`, a map from a link to its representative under the symmetry group. Each representative
 connection stands for its whole orbit, which crosses every link of a link orbit equally often, so
@@ -39,6 +46,8 @@ from .cluster import Cluster
 from .profiles import BackendProfile
 
 _NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
+_PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
+BURST_SPEEDUP = 1000.0  # a port's capacity while it holds burst tokens, in line rates (memory speed)
 
 
 class Message:
@@ -94,6 +103,11 @@ class Network:
         self.classes: dict = {}
         self.active: list[FlowClass] = []  # classes with active connections
         self._cpu_free: dict = {}  # rank -> time its communication thread is free
+        # burst credit: canonical port -> [tokens, bucket] in bytes of capacity; ports in burst now;
+        # capacity used per port at the current rates
+        self.tokens: dict = {}
+        self._bursting: set = set()
+        self._usage: dict = {}
         self._last = 0.0
         self._dirty = False
         self._gen = 0
@@ -135,6 +149,10 @@ class Network:
                     self.capacity[canon] = prof.host_bandwidth
                 else:
                     self.capacity[canon] = cl.link_capacity(link)
+                    if prof.link_burst > 0 and link[0] in _PORTS:
+                        bucket = prof.link_burst * self.capacity[canon]
+                        # the port has idled before the call: a full bucket
+                        self.tokens[canon] = [bucket, bucket]
         cap = inf
         if prof.window_bytes is not None and latency > 0:
             cap = prof.channels * prof.window_bytes / (2.0 * latency)
@@ -170,7 +188,47 @@ class Network:
         if dt > 0:
             for c in self.active:
                 c.served += c.rate * dt
+            if self.tokens:
+                usage, cap = self._usage, self.capacity
+                for link, tb in self.tokens.items():
+                    tb[0] = min(tb[1], max(0.0, tb[0] + (cap[link] - usage.get(link, 0.0)) * dt))
         self._last = now
+
+    def _token_floor(self, link) -> float:
+        """Tokens below this count as none (a thousandth of the bucket: no switching back and forth on
+        crumbs)."""
+        return 1e-3 * self.tokens[link][1]
+
+    def _has_tokens(self, link) -> bool:
+        tokens, bucket = self.tokens[link]
+        return tokens > self._token_floor(link) + 1e-9 * bucket
+
+    def _effective_capacity(self) -> dict:
+        """Capacities for the next allocation: ports holding burst tokens do not limit their flows."""
+        self._bursting = {link for link in self.tokens if self._has_tokens(link)}
+        if not self._bursting:
+            return self.capacity
+        cap = dict(self.capacity)
+        for link in self._bursting:
+            cap[link] = BURST_SPEEDUP * self.capacity[link]
+        return cap
+
+    def _measure_usage(self) -> None:
+        usage: dict = {}
+        for c in self.active:
+            for link, cost in c.links:
+                if link in self.tokens:
+                    usage[link] = usage.get(link, 0.0) + c.rate * c.count * cost
+        self._usage = usage
+
+    def _token_dt(self) -> float:
+        """Time until a port in burst runs dry at the current rates."""
+        dt = inf
+        for link in self._bursting:
+            drain = self._usage.get(link, 0.0) - self.capacity[link]
+            if drain > 0:
+                dt = min(dt, max(0.0, self.tokens[link][0] - self._token_floor(link)) / drain)
+        return dt
 
     def _mark_dirty(self) -> None:
         if not self._dirty:
@@ -182,7 +240,11 @@ class Network:
         self._dirty = False
         self._advance()
         self.reallocations += 1
-        allocate(self.active, self.capacity)
+        if self.tokens:
+            allocate(self.active, self._effective_capacity())
+            self._measure_usage()
+        else:
+            allocate(self.active, self.capacity)
         self._schedule()
 
     def _schedule(self) -> None:
@@ -190,6 +252,8 @@ class Network:
         if not self.active:
             return
         dt = min((c.heap[0][0] - c.served) / c.rate for c in self.active)
+        if self._bursting:
+            dt = min(dt, self._token_dt())
         gen = self._gen
         self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _ev: self._on_timer(gen))
 
@@ -197,8 +261,16 @@ class Network:
         if gen != self._gen:
             return
         self._advance()
-        env = self.env
+        # a port that ran out of burst goes back to its line rate: recompute the rates. Within a
+        # nanosecond of running dry counts as dry (float round-off must not re-arm a zero-length timer).
         stopped = False
+        for link in self._bursting:
+            drain = self._usage.get(link, 0.0) - self.capacity[link]
+            tb = self.tokens[link]
+            if not self._has_tokens(link) or (drain > 0 and tb[0] - self._token_floor(link) <= drain * 1e-9):
+                tb[0] = min(tb[0], self._token_floor(link))
+                stopped = True
+        env = self.env
         for c in self.active:
             # a head message is done when what is left would take < 1 ps (float round-off)
             tol = max(1e-6, c.rate * 1e-12, abs(c.served) * 1e-13)

@@ -37,6 +37,8 @@ ETH_OVERHEAD = 14 + 4 + 8 + 12
 IP_TCP_OVERHEAD = 20 + 20 + 12
 
 FAMILIES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "p2p")
+# kernels whose speed `codec_bandwidth` can give: each method's codec, the Lion update, the 1-bit vote
+CODEC_KERNELS = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "allreduce", "update", "vote")
 
 ALL_ALGORITHMS = {
     "allreduce": ["ring", "recursive-doubling", "rabenseifner", "binomial-tree", "hierarchical"],
@@ -83,6 +85,26 @@ class BackendProfile:
         message per step, the next step starting when the previous one arrived (Gloo, MPI).
     algorithms: per operation, the algorithms this library implements, which `algorithm="auto"` chooses
         from. Any algorithm can still be asked for by name.
+    link_burst: seconds of line time every NIC port can pass at once after being idle: a token bucket
+        (Linux tbf's burst, a switch's buffer credit) that refills at the line rate whenever the port
+        is not saturated. While it holds tokens the port does not limit its flows. 0: none (a real NIC).
+    rendezvous: sends wait for the receiver's ready-to-receive notice, as on Gloo's TCP pairs: a rank
+        posting a receive sends a small notice to the sender on its own connection (behind any data it
+        queued there), and the sender's data goes out once the notice has arrived. It acts in the
+        algorithms Gloo runs, in Gloo's form (RENDEZVOUS_FORMS in collectives.py): the all-reduce ring in
+        segments of at most slice_bytes (at least two per rank's chunk, two in flight, each receive
+        posted before its send), the all-gather ring in half blocks (send posted first), the all-to-all
+        with every send and receive posted at once (send first). Small messages then pay a handshake
+        per segment. False: eager sends (no handshake).
+    rendezvous_stagger: with rendezvous, the fraction of calls whose ranks enter one after another rather
+        than together. A late rank then finds its peers' notices waiting and queues its data ahead of its
+        own notices, so where a pair exchanges data both ways on one connection (Gloo's all-to-all; the
+        all-gather on 2 ranks) the two directions run one after the other. The time is the weighted mean
+        of the two cases (counted from the last rank's entry).
+    codec_bandwidth: bytes per second the ranks' own devices move through the step model's kernels,
+        measured by a calibration: per method (its codec bytes, `codec_bytes_per_element`) and "update"
+        (the Lion update's 20 bytes per parameter). When present they replace `memory_bandwidth` in
+        `simulate_step` for those kernels. {}: use memory_bandwidth.
     """
 
     name: str = "custom"
@@ -96,6 +118,10 @@ class BackendProfile:
     channels: int = 1
     slice_bytes: float | None = None
     algorithms: dict[str, list[str]] = field(default_factory=lambda: {k: list(v) for k, v in ALL_ALGORITHMS.items()})
+    link_burst: float = 0.0
+    rendezvous: bool = False
+    rendezvous_stagger: float = 0.0
+    codec_bandwidth: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self):
         self.validate()
@@ -136,6 +162,21 @@ class BackendProfile:
                 raise ValueError(f"profile {self.name!r}: {name} must be a number >= 0, got {v!r}")
         for name in ("reduce_bandwidth", "host_bandwidth", "window_bytes", "slice_bytes"):
             positive(name, getattr(self, name), allow_none=True)
+        v = self.link_burst
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v < 1):
+            raise ValueError(f"profile {self.name!r}: link_burst must be seconds in [0, 1), got {v!r}")
+        if not isinstance(self.rendezvous, bool):
+            raise ValueError(f"profile {self.name!r}: rendezvous must be true or false, got {self.rendezvous!r}")
+        v = self.rendezvous_stagger
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (0 <= v <= 1):
+            raise ValueError(f"profile {self.name!r}: rendezvous_stagger must be a fraction in [0, 1], got {v!r}")
+        if not isinstance(self.codec_bandwidth, dict):
+            raise ValueError(f"profile {self.name!r}: codec_bandwidth must be a mapping method -> bytes/s")
+        for key, v in self.codec_bandwidth.items():
+            if key not in CODEC_KERNELS:
+                raise ValueError(f"profile {self.name!r}: unknown kernel {key!r} in codec_bandwidth; "
+                                 f"choose from {', '.join(CODEC_KERNELS)}")
+            positive(f"codec_bandwidth[{key!r}]", v)
         if isinstance(self.channels, bool) or not isinstance(self.channels, int) or self.channels < 1:
             raise ValueError(f"profile {self.name!r}: channels must be a positive integer, got {self.channels!r}")
         if not isinstance(self.algorithms, dict):

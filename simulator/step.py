@@ -129,7 +129,9 @@ def simulate_step(
     algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
         "op=alg,..." (see simulate_collective).
     grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
-    memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s').
+    memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
+        `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
+        devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
     wire.check_method(method)
     if not isinstance(cluster, Cluster):
@@ -184,7 +186,9 @@ def simulate_step(
 
     t_bwd = compute * backward_fraction
     t_fwd = compute - t_bwd
-    optimizer = UPDATE_BYTES_PER_PARAM * P / mem_bw
+    update_bw = profile.codec_bandwidth.get("update", mem_bw)
+    codec_bw = profile.codec_bandwidth.get(method, mem_bw)
+    optimizer = UPDATE_BYTES_PER_PARAM * P / update_bw
     codec_per_elem = codec_bytes_per_element(method, N, levels, grad_dtype)
     colls: list[dict] = []
     sent = 0.0
@@ -197,7 +201,7 @@ def simulate_step(
         for e in buckets:
             done += e
             ready = t_fwd + t_bwd * done / P
-            t_codec = codec_per_elem * e / mem_bw
+            t_codec = codec_per_elem * e / codec_bw
             t_comm = 0.0
             if N > 1:
                 r = run("allreduce", e * size)
@@ -215,7 +219,7 @@ def simulate_step(
             comm, sent = r.seconds, r.bytes_sent_per_rank
             _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
         for e in buckets:
-            codec += codec_per_elem * e / mem_bw
+            codec += codec_per_elem * e / codec_bw
             if N > 1:
                 r = run(method, 4 * e)
                 comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank

@@ -20,7 +20,7 @@ def register(sub) -> None:
         "to a switch namespace, shaped with tc tbf in both directions; real torch.distributed ranks "
         "run over Gloo/TCP through it. " + NO_NETEM,
     )
-    lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run}")
+    lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run,validate}")
 
     up = lsub.add_parser("up", help="build a lab that stays up until `lab down`", description=NO_NETEM)
     _topology(up, attach=False)
@@ -78,6 +78,12 @@ def register(sub) -> None:
     run.add_argument("--json", action="store_true", help="print each rank's reported result as JSON")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_run)
+
+    # -- lioncub.calibrate: `lab validate` (calibrate from one setting, predict held-out settings) --
+    from lioncub.calibrate.validate import register_lab_validate
+
+    register_lab_validate(lsub, _guard)
+    # -- end lioncub.calibrate --
 
     p.set_defaults(func=lambda args: p.print_help() or 2)
 

@@ -1,0 +1,334 @@
+"""`lioncub calibrate`: measure probes on the lab or a real cluster and fit the simulator's backend profile.
+
+    sudo lioncub calibrate --lab --ranks 4 --bandwidth 500Mbit --output gloo-lab.json [--json]
+    torchrun --nproc-per-node 8 --nnodes 4 ... -m lioncub.cli calibrate --bandwidth 25Gbit --output c.json
+    lioncub simulate collective --op vote-1bit --backend gloo --calibration gloo-lab.json ...
+
+Every rank times point-to-point ping-pongs and collectives from KiB to tens of MiB (ranks.py), and the
+local work of LionCub's codecs; rank 0 (or the lab's launcher) fits the profile's physical parameters
+(fit.py) and writes them as a JSON profile that `--calibration FILE` lays over a built-in backend. With
+`--json` it prints a summary: the fitted values, what they mean, and every probe's residual.
+
+From Python:
+
+    from lioncub.calibrate import calibrate_lab, fit, predict, default_lab_profile
+    raw = calibrate_lab(ranks=4, bandwidth="500Mbit")           # measurements (needs root)
+    profile, report = fit(raw["measurements"], raw["host_kernels"])
+    default_lab_profile()   # the bundled calibration of the lab's Gloo (lioncub/data/gloo-lab.json)
+
+`lioncub lab validate` (validate.py) calibrates from one lab setting and tabulates predicted against
+measured times in settings the fit did not see (docs/VALIDATION.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from lioncub.simulator import BackendProfile
+
+from .fit import MEANINGS, CalibrationError, fit, host_kernel_figures, predict, report
+
+MiB = 2**20
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DEFAULT_LAB_PROFILE = DATA_DIR / "gloo-lab.json"
+DEFAULT_LAB_PROFILE_INFO = DATA_DIR / "gloo-lab.meta.json"
+
+__all__ = [
+    "CalibrationError",
+    "MEANINGS",
+    "calibrate_lab",
+    "default_lab_profile",
+    "default_lab_profile_info",
+    "fit",
+    "host_kernel_figures",
+    "plan",
+    "predict",
+    "report",
+    "run_torchrun",
+]
+
+
+# ---- the bundled lab calibration ----------------------------------------------------------------------
+def default_lab_profile() -> BackendProfile:
+    """The lab's Gloo backend as calibrated when this package was built (lioncub/data/gloo-lab.json), for
+    when a fresh calibration is not possible (not root). `default_lab_profile_info()` says how and when
+    it was made."""
+    return BackendProfile.load(DEFAULT_LAB_PROFILE, base="gloo")
+
+
+def default_lab_profile_info() -> dict:
+    """Provenance of the bundled lab calibration: command, setting, date, machine, fit residuals."""
+    return json.loads(DEFAULT_LAB_PROFILE_INFO.read_text())
+
+
+# ---- what to measure ----------------------------------------------------------------------------------
+def _wire_seconds(op: str, size: int, ranks: int, rate_bps: float) -> float:
+    """Rough line time of one call (for budgets; all-to-all counted at half speed)."""
+    f = {"allreduce": 2 * (ranks - 1) / ranks, "reduce_scatter": 2 * (ranks - 1) / ranks, "p2p": 2.0,
+         "alltoall": 2 * (ranks - 1) / ranks}.get(op, (ranks - 1) / ranks)
+    return f * size / (rate_bps / 8 * 0.95)
+
+
+def plan(ranks: int, bandwidth_bps: float, quick: bool = False, max_call_seconds: float = 0.9) -> list[dict]:
+    """The probes of one calibration: sizes from 4 KiB to tens of MiB, dropping those whose single call
+    would take more than max_call_seconds of line time at this rate."""
+    if ranks < 2:
+        raise ValueError(f"a calibration needs at least 2 ranks, got {ranks}")
+    if not bandwidth_bps > 0:
+        raise ValueError(f"bandwidth must be positive, got {bandwidth_bps!r}")
+    if quick:
+        sizes = {"p2p": [4096, MiB, 4 * MiB], "allreduce": [4096, 256 * 1024, 2 * MiB, 8 * MiB],
+                 "allgather": [4096, 2 * MiB, 8 * MiB], "alltoall": [4096, 2 * MiB, 8 * MiB], "reduce_scatter": []}
+    else:
+        coll = [4096, 256 * 1024, 2 * MiB, 8 * MiB, 32 * MiB]
+        sizes = {"p2p": [4096, 4 * MiB, 16 * MiB], "allreduce": coll, "allgather": coll,
+                 "alltoall": coll, "reduce_scatter": [8 * MiB]}
+    probes = []
+    for op, ss in sizes.items():
+        for s in ss:
+            if s > 4 * MiB and _wire_seconds(op, s, ranks, bandwidth_bps) > max_call_seconds:
+                continue
+            small = s <= 16 * 1024
+            probes.append({"op": op, "size": s, "repeat": (8 if quick else 15) if small else (3 if quick else 5),
+                           "warmup": 2 if small else 1})
+    return probes
+
+
+def estimate_seconds(probes: list[dict], ranks: int, bandwidth_bps: float, rounds: int) -> float:
+    return rounds * sum((p["repeat"] + p["warmup"]) * (0.004 + _wire_seconds(p["op"], p["size"], ranks, bandwidth_bps))
+                        for p in probes)
+
+
+def make_job(ranks: int, bandwidth_bps: float, quick: bool = False, rounds: int | None = None,
+             host_kernels: bool = True, elements: int | None = None, device: str = "cpu",
+             progress: bool = True) -> dict:
+    probes = plan(ranks, bandwidth_bps, quick)
+    rounds = rounds if rounds is not None else (1 if quick else 2)
+    if rounds < 1:
+        raise ValueError(f"rounds must be >= 1, got {rounds}")
+    job = {"probes": probes, "rounds": rounds, "device": device, "progress": progress,
+           "pg_timeout": 120 + 10 * estimate_seconds(probes, ranks, bandwidth_bps, rounds)}
+    if host_kernels:
+        job["host_kernels"] = {"elements": elements or (1 << 19 if quick else 1 << 22),
+                               "vote_bytes": (2 << 20) if quick else (8 << 20)}
+    return job
+
+
+def _annotate(raw: dict, bandwidth_bps: float, ranks_per_host: int, extra: dict) -> dict:
+    for m in raw["measurements"]:
+        m.update(bandwidth_bps=bandwidth_bps, ranks_per_host=ranks_per_host,
+                 hosts=-(-m["ranks"] // ranks_per_host), **extra)
+    return raw
+
+
+# ---- on the lab -------------------------------------------------------------------------------------
+def calibrate_lab(ranks: int = 4, bandwidth="500Mbit", ranks_per_host: int = 1, burst=None, quick: bool = False,
+                  rounds: int | None = None, host_kernels: bool = True, progress: bool = True, lab=None) -> dict:
+    """Run the calibration probes on the lab (a new one, or `lab`, reshaped to `bandwidth`): returns
+    {"measurements": [...], "host_kernels": {...} or None, "setting": {...}}. Needs root."""
+    from lioncub.lab import Lab
+    from lioncub.simulator.units import parse_rate
+
+    rate = parse_rate(bandwidth)
+    job = make_job(ranks, rate, quick, rounds, host_kernels, progress=progress)
+    argv = [sys.executable, "-m", "lioncub.calibrate", json.dumps(job)]
+
+    def run(lab):
+        lab.set_bandwidth(rate)
+        res = lab.run(argv, ranks=ranks, timeout=job["pg_timeout"] + 60, stream_rank0=progress,
+                      env={"TORCH_CPP_LOG_LEVEL": "ERROR"})  # not c10d's warnings about namespace hostnames
+        out = res[0].result
+        if not out:
+            raise CalibrationError("rank 0 reported no measurements")
+        return _annotate(out, lab.network.rate_bps, lab.ranks_per_host,
+                         {"tbf_burst_bytes": lab.network.burst, "backend": "gloo", "source": "lab"})
+
+    if lab is not None:
+        raw = run(lab)
+    else:
+        with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=rate, burst=burst) as new:
+            raw = run(new)
+    raw["setting"] = {"where": "lab", "ranks": ranks, "ranks_per_host": ranks_per_host, "bandwidth_bps": rate,
+                      "rounds": job["rounds"], "quick": quick}
+    return raw
+
+
+# ---- under torchrun ---------------------------------------------------------------------------------
+def _in_torchrun() -> bool:
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def run_torchrun(bandwidth, quick: bool = False, rounds: int | None = None, host_kernels: bool = True,
+                 dist_backend: str | None = None, progress: bool = True) -> dict | None:
+    """Measure on the cluster this process was started on by torchrun (initialising torch.distributed
+    from its environment unless it already is). Every rank must call it; returns the raw measurements
+    on rank 0 and None elsewhere."""
+    import torch
+    import torch.distributed as dist
+
+    from lioncub.simulator.units import parse_rate
+
+    from .ranks import run
+
+    rate = parse_rate(bandwidth)
+    own = not dist.is_initialized()
+    if own:
+        if not _in_torchrun():
+            raise CalibrationError("not under torchrun: RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not "
+                                   "set (start with torchrun, or calibrate the lab with --lab)")
+        backend = dist_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group(backend)
+    try:
+        backend = dist.get_backend()
+        device = "cpu"
+        if backend == "nccl":
+            local = int(os.environ.get("LOCAL_RANK", "0"))
+            torch.cuda.set_device(local)
+            device = f"cuda:{local}"
+        world = dist.get_world_size()
+        job = make_job(world, rate, quick, rounds, host_kernels, device=device, progress=progress)
+        out = run(job)
+        rph = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if world % rph:
+            rph = 1
+        _annotate(out, rate, rph, {"backend": backend, "source": "torchrun"})
+        out["setting"] = {"where": "torchrun", "ranks": world, "ranks_per_host": rph, "bandwidth_bps": rate,
+                          "rounds": job["rounds"], "quick": quick, "backend": backend}
+        return out if dist.get_rank() == 0 else None
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+# ---- the command --------------------------------------------------------------------------------------
+def register(sub) -> None:
+    p = sub.add_parser(
+        "calibrate",
+        help="fit the simulator's backend profile to measurements (lab or torchrun)",
+        description="Time point-to-point and collective probes (4 KiB to tens of MiB) and the optimizer's "
+        "codec kernels, then fit the simulator's backend profile: framing efficiency, per-call and "
+        "per-message overheads, per-op-family efficiency, burst credit, Gloo's rendezvous serialization, "
+        "reduction and codec speeds. Writes a JSON profile for `lioncub simulate ... --calibration FILE`. "
+        "Run it on the lab (--lab, needs root) or under torchrun on a real cluster (same command without "
+        "--lab; give the NIC rate with --bandwidth).",
+    )
+    p.add_argument("--lab", action="store_true", help="measure on an emulated lab cluster (needs root)")
+    p.add_argument("--ranks", type=int, default=4, help="lab ranks (default 4)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="lab ranks per host (default 1)")
+    p.add_argument("--bandwidth", default=None,
+                   help="per-link line rate, e.g. 500Mbit (lab default 500Mbit; required under torchrun)")
+    p.add_argument("--latency", default="0",
+                   help="one-way latency the profile will be simulated with; overheads are fitted net of it "
+                   "(the lab adds none: 0)")
+    p.add_argument("--burst", default=None, help="lab tbf bucket as line time (default: the lab's 4ms)")
+    p.add_argument("--output", "-o", default="calibration.json", help="calibration file to write")
+    p.add_argument("--base", default="gloo", choices=["gloo", "nccl"], help="built-in profile to refine")
+    p.add_argument("--name", default=None, help="profile name in the file (default BASE-calibrated)")
+    p.add_argument("--quick", action="store_true", help="fewer, smaller probes (about half a minute)")
+    p.add_argument("--rounds", type=int, default=None, help="passes over the probes, alternating order "
+                   "(default 2; 1 with --quick)")
+    p.add_argument("--no-codec", action="store_true", help="skip timing the optimizer's codec kernels")
+    p.add_argument("--dist-backend", default=None, choices=["gloo", "nccl"],
+                   help="torchrun: process-group backend (default nccl with CUDA, else gloo)")
+    p.add_argument("--save-measurements", default=None, metavar="FILE", help="also write the raw measurements")
+    p.add_argument("--from-measurements", default=None, metavar="FILE",
+                   help="fit measurements saved by --save-measurements instead of measuring")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary (fitted values, residuals)")
+    p.set_defaults(func=_main)
+
+
+def _load_raw(path) -> dict:
+    try:
+        raw = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read measurements {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"measurements file {path} is not valid JSON: {exc}") from None
+    if isinstance(raw, list):
+        raw = {"measurements": raw}
+    if not isinstance(raw, dict) or not isinstance(raw.get("measurements"), list):
+        raise ValueError(f"{path}: expected an object with a 'measurements' list (from --save-measurements)")
+    return raw
+
+
+def _main(args) -> int:
+    from lioncub.simulator.units import parse_time
+
+    t0 = time.perf_counter()
+    latency = parse_time(args.latency)
+    if latency < 0:
+        raise ValueError(f"--latency must be >= 0, got {args.latency!r}")
+    progress = not args.no_progress and not args.json and sys.stderr.isatty()
+    if args.from_measurements:
+        raw = _load_raw(args.from_measurements)
+    elif args.lab:
+        if latency:
+            from lioncub.lab import check_latency
+
+            check_latency(args.latency)
+        if args.base != "gloo":
+            raise ValueError("the lab runs Gloo: --base nccl applies to torchrun calibrations of NCCL clusters")
+        from lioncub.lab.netns import LabError, require_privileges
+
+        try:
+            require_privileges()
+            raw = calibrate_lab(args.ranks, args.bandwidth or "500Mbit", args.ranks_per_host, args.burst,
+                                args.quick, args.rounds, not args.no_codec, progress)
+        except LabError as exc:
+            print(f"lioncub calibrate: error: {exc}", file=sys.stderr)
+            return 1
+    else:
+        if not _in_torchrun():
+            raise ValueError("nothing to measure: pass --lab (emulated cluster, needs root), run under torchrun "
+                             "on a real cluster, or fit saved measurements with --from-measurements FILE")
+        if not args.bandwidth:
+            raise ValueError("under torchrun give the NIC line rate with --bandwidth (e.g. 25Gbit)")
+        raw = run_torchrun(args.bandwidth, args.quick, args.rounds, not args.no_codec, args.dist_backend, progress)
+        if raw is None:  # not rank 0
+            return 0
+    if args.save_measurements:
+        Path(args.save_measurements).write_text(json.dumps(raw, indent=1) + "\n")
+    base = args.base
+    if raw.get("setting", {}).get("backend") == "nccl" and args.base == "gloo" and not args.from_measurements:
+        base = "nccl"
+    profile, rep = fit(raw["measurements"], raw.get("host_kernels"), base=base, latency=latency, name=args.name)
+    profile.save(args.output)
+    summary = {"seconds": time.perf_counter() - t0, "output": str(args.output), "setting": raw.get("setting"),
+               "profile": profile.to_dict(), "host_kernels": raw.get("host_kernels"), **rep}
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(s: dict) -> None:
+    from lioncub.simulator.units import format_rate, format_size, format_time
+
+    st = s.get("setting") or {}
+    where = st.get("where", "saved measurements")
+    head = f"calibrated {s['profile']['name']} from {len(s['residuals'])} probes ({where}"
+    if st.get("ranks"):
+        head += f", {st['ranks']} ranks at {format_rate(st['bandwidth_bps'])}"
+    print(head + f") -> {s['output']}")
+    f = s["fitted"]
+    print(f"  wire_efficiency   {f['wire_efficiency']:.4f}")
+    print(f"  call_overhead     {format_time(f['call_overhead'])}")
+    print(f"  message_overhead  {format_time(f['message_overhead'])}")
+    print(f"  link_burst        {format_time(f['link_burst'])} of line time")
+    print("  efficiency        " + ", ".join(f"{k} {v:.3f}" for k, v in f["efficiency"].items()))
+    print(f"  rendezvous        {'yes' if f['rendezvous'] else 'no'}, stagger {f['rendezvous_stagger']:.3f}")
+    if f["reduce_bandwidth"]:
+        print(f"  reduce_bandwidth  {format_size(f['reduce_bandwidth'])}/s")
+    if f["codec_bandwidth"]:
+        print("  codec_bandwidth   " + ", ".join(f"{k} {format_size(v)}/s" for k, v in f["codec_bandwidth"].items()))
+    print(f"  fit: median |error| {100 * s['median_abs_rel_error']:.1f}%, worst {100 * s['max_abs_rel_error']:.1f}%")
+    for r in s["residuals"]:
+        print(f"    {r['op']:<15} {format_size(r['size']):>10}  measured {format_time(r['measured']):>9} "
+              f"({r['statistic']})  predicted {format_time(r['predicted']):>9}  {100 * r['rel_error']:+6.1f}%")
