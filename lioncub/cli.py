@@ -23,6 +23,14 @@ COMMANDS = {
 }
 
 
+_ARGV: list[str] = []
+
+
+def current_argv() -> list[str]:
+    """The arguments being parsed (so a command can register only the sub-command being run)."""
+    return _ARGV
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lioncub",
@@ -44,6 +52,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    _ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)

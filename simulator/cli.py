@@ -94,6 +94,9 @@ def _step_args(p) -> None:
     g.add_argument("--levels", type=int, default=None, help="l1-pbit levels (default: lioncub's)")
     g.add_argument("--memory-bandwidth", default="2TB/s", help="device memory bandwidth for kernel times")
     g.add_argument("--algorithm", default="auto", help="'auto', an algorithm name, or 'op=alg,...'")
+    g.add_argument("--no-overlap", action="store_true",
+                   help="the allreduce baseline reduces after backward, as LionCub(method='allreduce') does "
+                        "(default: overlapped with backward, as DDP does)")
 
 
 def _profile(args):
@@ -152,7 +155,8 @@ def _step_kwargs(args) -> dict:
         raise ValueError("give --compute-seconds, or --flops and --tokens")
     return dict(params=args.params, bucket_mb=args.bucket_mb, compute_seconds=args.compute_seconds,
                 flops_per_second=args.flops, tokens_per_step=args.tokens, algorithm=args.algorithm,
-                grad_dtype=args.grad_dtype, levels=args.levels, memory_bandwidth=args.memory_bandwidth)
+                grad_dtype=args.grad_dtype, levels=args.levels, memory_bandwidth=args.memory_bandwidth,
+                overlap=not args.no_overlap)
 
 
 def _step(args) -> int:

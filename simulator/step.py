@@ -3,7 +3,9 @@
 Baseline (`method="allreduce"`): PyTorch DDP. Gradients are grouped into buckets of `bucket_mb` MiB
 (in reverse layer order); a bucket's allreduce can start once backward has produced it, and buckets are
 reduced one after another on one communication stream, overlapping the rest of backward. Only the tail
-that outlasts backward is exposed. Then every rank runs the Lion update locally.
+that outlasts backward is exposed. Then every rank runs the Lion update locally. With `overlap=False`
+every bucket waits for the end of backward, as in `LionCub(method="allreduce")`, which communicates
+inside step().
 
 lioncub methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`): after backward, one
 control allreduce (lioncub.wire.CONTROL), then per bucket: encode (codec kernel), the method's collectives
@@ -116,6 +118,7 @@ def simulate_step(
     levels: int | None = None,
     memory_bandwidth="2TB/s",
     backward_fraction: float = 2 / 3,
+    overlap: bool = True,
     cache: Cache | None = None,
     _baseline: bool = True,
 ) -> StepResult:
@@ -129,6 +132,9 @@ def simulate_step(
     algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
         "op=alg,..." (see simulate_collective).
     grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
+    overlap: the allreduce baseline reduces each bucket as soon as backward has produced it, overlapping
+        the rest of backward, as DDP does (True); or after backward, as `LionCub(method="allreduce")`
+        does, since it communicates inside step() (False). Applies to the baseline of other methods too.
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
@@ -200,7 +206,7 @@ def simulate_step(
         done, end, comm, codec = 0, t_fwd, 0.0, 0.0
         for e in buckets:
             done += e
-            ready = t_fwd + t_bwd * done / P
+            ready = t_fwd + t_bwd * (done / P if overlap else 1.0)
             t_codec = codec_per_elem * e / codec_bw
             t_comm = 0.0
             if N > 1:
@@ -240,7 +246,7 @@ def simulate_step(
     if _baseline and not (method == "allreduce" and grad_dtype == "float32"):
         base = simulate_step(cluster, "allreduce", P, None, bucket_mb, compute, None, None, profile,
                              algorithm=spec, memory_bandwidth=mem_bw,
-                             backward_fraction=backward_fraction, cache=cache, _baseline=False)
+                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, _baseline=False)
         base_step = base.step_seconds
         base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
     return StepResult(

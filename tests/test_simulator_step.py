@@ -57,6 +57,20 @@ def test_ddp_baseline_overlaps_bucketed_allreduce_with_backward(compute):
         assert r.exposed_communication_seconds == pytest.approx(allreduce_best(p, 4 * buckets(P, mb)[-1]), rel=0.01)
 
 
+def test_baseline_without_overlap_reduces_after_backward():
+    """LionCub(method="allreduce") communicates inside step(): nothing hides behind backward."""
+    p, P, mb, compute = 4, 30_000_000, 25, 2.0
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    r = simulate_step(cluster, "allreduce", params=P, bucket_mb=mb, compute_seconds=compute, backend="ideal",
+                      memory_bandwidth=MEM, overlap=False)
+    comm = sum(allreduce_best(p, 4 * e) for e in buckets(P, mb))
+    assert r.exposed_communication_seconds == pytest.approx(comm, rel=0.01)
+    assert r.step_seconds == pytest.approx(compute + comm + 20 * P / MEM, rel=0.01)
+    v = simulate_step(cluster, "vote-1bit", params=P, bucket_mb=mb, compute_seconds=compute, backend="ideal",
+                      memory_bandwidth=MEM, overlap=False)
+    assert v.baseline_step_seconds == pytest.approx(r.step_seconds, rel=1e-9)
+
+
 def test_vote_1bit_step_and_momentum_sync_amortization():
     p, P, mb, K = 4, 30_000_000, 25, 10
     cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)

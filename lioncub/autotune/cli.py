@@ -126,6 +126,9 @@ def register(sub) -> None:
                    help="backend: the algorithms the backend implements (chosen per collective), plus a "
                         "hierarchical allreduce with several GPUs per node; flat: no hierarchical; all: every "
                         "algorithm the simulator models (default backend)")
+    s.add_argument("--no-overlap", action="store_true",
+                   help="simulate allreduce as LionCub(method='allreduce') runs it, after backward (default: "
+                        "overlapped with backward, as DDP does)")
     s.add_argument("--steps", type=int, help="planned run length, for sync rates and risk (default 10000; "
                                              "200 for built-in models, written to the train section)")
     s.add_argument("--max-risk", default="medium",
@@ -210,7 +213,8 @@ def run(args) -> int:
 
     result = search(cluster, model.params, model.compute_seconds, backend=profile, steps=steps, methods=methods,
                     bucket_mbs=buckets, momentum_syncs=scheds, levels=args.levels, algorithms=args.algorithms,
-                    max_risk=max_risk, memory_bandwidth=mem_bw, progress=sys.stderr.isatty() and not args.json)
+                    max_risk=max_risk, memory_bandwidth=mem_bw, overlap=not args.no_overlap,
+                    progress=sys.stderr.isatty() and not args.json)
     rec, verdict = recommend(result, args.min_speedup)
 
     say(f"model    {model.name}: {model.params / 1e6:.4g}M parameters; compute {model.compute_basis}")

@@ -19,9 +19,19 @@ def _local_runner(cfg, ranks: int, cluster: Cluster | None = None) -> dict:
     return train_local(cfg, ranks, progress=False)
 
 
+def _lab_runner(cfg, ranks: int, cluster: Cluster | None = None) -> dict:
+    """Train on the emulated Ethernet lab at the cluster's link rate (root; at most ~2.5 Gbit/s here)."""
+    from lioncub.lab import missing_privileges
+    from lioncub.train.lab import train_on_lab
+
+    missing = missing_privileges()
+    if missing:
+        raise ValueError(f"--pilot-on lab needs {missing}")
+    return train_on_lab(cfg, ranks, cluster.bandwidth if cluster is not None else "1Gbit", progress=False)
+
+
 # name -> fn(TrainConfig, ranks, cluster) -> train summary (final_loss, records with per-step "loss").
-# `--lab` can register a runner here that trains on the emulated Ethernet lab.
-PILOT_RUNNERS: dict[str, Callable] = {"local": _local_runner}
+PILOT_RUNNERS: dict[str, Callable] = {"local": _local_runner, "lab": _lab_runner}
 
 
 def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Candidate]:

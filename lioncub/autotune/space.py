@@ -154,11 +154,14 @@ def _profile_for(profile: BackendProfile, algorithms: str) -> BackendProfile:
 def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nccl", steps: int = 10_000,
            methods=wire.METHODS, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
-           beta2: float = 0.99, cache: Cache | None = None, progress: bool = False) -> SearchResult:
+           beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
+           progress: bool = False) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
     steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
+    overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
+        `LionCub(method="allreduce")` does (False).
     momentum_syncs: schedule strings (default: `default_schedules(steps)`).
     levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
     algorithms: "backend" (the backend's algorithms, plus a hierarchical allreduce layout when there are
@@ -206,7 +209,8 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     else:
         l1_levels = l1_levels_candidates(N)
 
-    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=mem_bw, cache=cache)
+    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=mem_bw, overlap=overlap,
+                   cache=cache)
     base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
     base_step = base.step_seconds
 

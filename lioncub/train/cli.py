@@ -65,8 +65,12 @@ def run(args) -> int:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         from lioncub.distributed import init_distributed
 
+        import torch.distributed as dist
+
         rank, _ = init_distributed()
         summary = train(cfg, progress=progress and rank == 0)
+        if dist.is_initialized():
+            dist.destroy_process_group()
         if rank:
             return 0
     elif args.lab:

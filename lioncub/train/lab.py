@@ -21,7 +21,16 @@ def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, pr
     results = lab.run(argv, ranks=ranks, timeout=timeout, stream_rank0=progress)
     summary = results[0].result
     summary["lab"] = {k: v for k, v in lab.describe().items() if k != "hosts"}
+    summary["predicted_step_seconds"] = predicted(cfg, summary, ranks, lab.rate_bps, ranks_per_host)
     return summary
+
+
+def predicted(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1) -> float:
+    """The calibrated simulator's step time for this run, given the compute time it measured."""
+    from lioncub.train.predict import predict_step
+
+    return predict_step(cfg, summary["params"], summary["compute_seconds"], ranks=ranks, bandwidth=bandwidth,
+                        ranks_per_host=ranks_per_host).step_seconds
 
 
 def _rank_main() -> None:
@@ -36,6 +45,10 @@ def _rank_main() -> None:
     if rank:
         summary.pop("records")
     report(summary)
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()  # a Gloo thread still running at exit would abort the process
 
 
 if __name__ == "__main__":

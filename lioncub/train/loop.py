@@ -221,3 +221,26 @@ def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: fl
 
 def dumps(summary: dict) -> str:
     return json.dumps({k: v for k, v in summary.items() if k != "records"}, indent=2)
+
+
+def _compute_probe(rank, world_size, cfg_dict, steps):
+    cfg = TrainConfig.from_dict(cfg_dict)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, data = build(cfg)
+    times = []
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        model.zero_grad()
+        model(x, y)[1].backward()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def measure_compute(cfg: TrainConfig, ranks: int, steps: int = 5) -> float:
+    """Forward + backward seconds per step with `ranks` processes computing at once on this machine (no
+    communication): the compute time the simulator needs to predict a step before training."""
+    from lioncub.distributed import spawn
+
+    return statistics.fmean(spawn(_compute_probe, ranks, dataclasses.asdict(cfg), steps, timeout=600))

@@ -1,0 +1,171 @@
+"""`lioncub bench train` and `lioncub bench convergence`: end-to-end figures of issue 6.
+
+* train: every method trains the same model for the same steps on the emulated Ethernet lab (root) at
+  each link rate: step time and speedup over the allreduce baseline, the baseline's communication
+  fraction, loss against the baseline's, bytes per step against the fp32 baseline, the calibrated
+  simulator's prediction and its error, and how close each step is to its limit
+  (compute + codec + bytes on the wire / link rate).
+* convergence: every method for a few hundred steps on local Gloo ranks: loss curves (PNG) and a table.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from lioncub.demo import SCENARIO
+from lioncub.wire import METHODS
+
+CONFIGS = [(m, "none") for m in METHODS] + [("vote-1bit", "every:10"), ("l1-pbit", "every:10")]
+
+
+def _configs(spec: str | None) -> list[tuple[str, str]]:
+    if not spec:
+        return CONFIGS
+    out = []
+    for item in spec.split(","):
+        method, _, sync = item.partition("@")
+        out.append((method, sync or "none"))
+    return out
+
+
+def _cfg(method, sync, steps, model):
+    from lioncub.train.loop import TrainConfig
+
+    return TrainConfig(**{**SCENARIO, "model": model}, method=method, momentum_sync=sync, steps=steps)
+
+
+def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small") -> dict:
+    from lioncub.calibrate import default_lab_profile
+    from lioncub.lab import Lab
+    from lioncub.simulator.units import parse_rate
+    from lioncub.train.lab import train_on_lab
+
+    wire_eff = default_lab_profile().wire_efficiency
+    results = []
+    for bw in bandwidths:
+        rate = parse_rate(bw)
+        rows = []
+        with Lab(ranks=ranks, bandwidth=rate) as lab:
+            for method, sync in _configs(configs):
+                s = train_on_lab(_cfg(method, sync, steps, model), ranks, rate, progress=sys.stderr.isatty(), lab=lab)
+                s.pop("records", None)
+                # the limit: no overheads, every byte at the link's payload rate
+                limit = s["compute_seconds"] + s["codec_seconds"] + s["bytes_per_step"] * 8 / (rate * wire_eff)
+                rows.append(dict(method=method, momentum_sync=sync, **{k: s[k] for k in (
+                    "final_loss", "step_seconds", "compute_seconds", "codec_seconds", "comm_seconds",
+                    "bytes_per_step", "predicted_step_seconds", "params")}, limit_seconds=limit))
+                print(f"  {bw} {method}@{sync}: {1e3 * s['step_seconds']:.1f} ms, loss {s['final_loss']:.4f}",
+                      file=sys.stderr, flush=True)
+        base = next(r for r in rows if r["method"] == "allreduce")
+        for r in rows:
+            r["speedup"] = base["step_seconds"] / r["step_seconds"]
+            r["loss_vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
+            r["bytes_vs_fp32"] = r["bytes_per_step"] / base["bytes_per_step"]
+            r["prediction_error"] = r["predicted_step_seconds"] / r["step_seconds"] - 1
+            r["of_limit"] = r["limit_seconds"] / r["step_seconds"]
+        results.append(dict(bandwidth=bw, ranks=ranks, steps=steps, rows=rows,
+                            baseline_comm_fraction=base["comm_seconds"] / base["step_seconds"]))
+    return dict(model=model, scenario=SCENARIO, results=results)
+
+
+def format_train(res: dict) -> str:
+    lines = []
+    for r in res["results"]:
+        lines += [f"\n{res['model']}, {r['ranks']} lab ranks at {r['bandwidth']}, {r['steps']} steps "
+                  f"(baseline communication fraction {r['baseline_comm_fraction']:.0%})",
+                  "| method | sync | step ms | speedup | eval loss | vs baseline | kB/step | vs fp32 | predicted ms |"
+                  " error | of limit |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for x in r["rows"]:
+            lines.append(
+                f"| {x['method']} | {x['momentum_sync']} | {1e3 * x['step_seconds']:.1f} | {x['speedup']:.2f}x | "
+                f"{x['final_loss']:.4f} | {100 * x['loss_vs_baseline']:+.1f}% | {x['bytes_per_step'] / 1e3:.1f} | "
+                f"{100 * x['bytes_vs_fp32']:.1f}% | {1e3 * x['predicted_step_seconds']:.1f} | "
+                f"{100 * x['prediction_error']:+.1f}% | {100 * x['of_limit']:.0f}% |")
+    return "\n".join(lines)
+
+
+def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot=None) -> dict:
+    from lioncub.train.loop import train_local
+
+    runs = []
+    for method, sync in _configs(configs):
+        s = train_local(_cfg(method, sync, steps, model), ranks, progress=sys.stderr.isatty())
+        runs.append(dict(method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
+                         curve=[r["loss"] for r in s["records"]]))
+        print(f"  {method}@{sync}: eval loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)
+    base = next(r for r in runs if r["method"] == "allreduce")
+    for r in runs:
+        r["vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
+    res = dict(model=model, ranks=ranks, steps=steps, scenario=SCENARIO, runs=runs)
+    if plot:
+        _plot(res, plot)
+    return res
+
+
+def _plot(res, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from lioncub.autotune import smoothed
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in res["runs"]:
+        label = r["method"] + ("" if r["momentum_sync"] == "none" else f" ({r['momentum_sync']})")
+        ax.plot(range(1, len(r["curve"]) + 1), smoothed(r["curve"], 15), label=f"{label}: {r['final_loss']:.3f}",
+                lw=2.5 if r["method"] == "allreduce" else 1.2, color="black" if r["method"] == "allreduce" else None)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (rank 0, smoothed over 15 steps)")
+    ax.set_title(f"{res['model']}, {res['ranks']} ranks: every method against the allreduce baseline "
+                 "(legend: final eval loss)", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.set_ylim(top=min(4.0, ax.get_ylim()[1]))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def format_convergence(res: dict) -> str:
+    lines = [f"\n{res['model']}, {res['ranks']} local ranks, {res['steps']} steps, lr {res['scenario']['lr']}",
+             "| method | momentum sync | eval loss | vs baseline | train loss (last 10) |", "|---|---|---:|---:|---:|"]
+    for r in res["runs"]:
+        lines.append(f"| {r['method']} | {r['momentum_sync']} | {r['final_loss']:.4f} | "
+                     f"{100 * r['vs_baseline']:+.1f}% | {r['train_loss']:.4f} |")
+    return "\n".join(lines)
+
+
+def add_train_arguments(p) -> None:
+    p.add_argument("--bandwidth", default="100Mbit,1Gbit", help="comma-separated link rates")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--model", default="char-small")
+    p.add_argument("--configs", help="comma-separated method[@sync], e.g. allreduce,vote-1bit@every:10")
+    p.add_argument("--json", action="store_true")
+
+
+def run_train(args) -> int:
+    from lioncub.lab import missing_privileges
+
+    missing = missing_privileges()
+    if missing:
+        raise SystemExit(f"lioncub bench train runs on the lab, which needs {missing}")
+    res = bench_train(args.bandwidth.split(","), args.ranks, args.steps, args.configs, args.model)
+    print(json.dumps(res, indent=2) if args.json else format_train(res))
+    return 0
+
+
+def add_convergence_arguments(p) -> None:
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--model", default="char-small")
+    p.add_argument("--configs", help="comma-separated method[@sync]")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves here")
+    p.add_argument("--json", action="store_true")
+
+
+def run_convergence(args) -> int:
+    res = bench_convergence(args.ranks, args.steps, args.configs, args.model, args.plot)
+    print(json.dumps(res, indent=2) if args.json else format_convergence(res))
+    return 0

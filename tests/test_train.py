@@ -1,0 +1,75 @@
+"""`lioncub train`, checkpoints and resume, predictions, and the issue-6 benches at toy sizes."""
+
+import json
+import os
+
+import pytest
+
+from lioncub.cli import main
+from lioncub.train.loop import TrainConfig, train_local
+from lioncub.train.predict import momentum_interval, predict_step
+
+ROOT = os.geteuid() == 0
+
+
+def _json_out(capsys, argv):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_train_cli_json_has_the_documented_fields(capsys):
+    out = _json_out(capsys, ["train", "--model", "mlp", "--ranks", "2", "--steps", "6", "--method", "l1-pbit",
+                             "--momentum-sync", "every:3", "--json"])
+    for key in ("step_seconds", "final_loss", "bytes_per_step", "compute_seconds", "codec_seconds",
+                "comm_seconds"):
+        assert key in out and out[key] >= 0
+    assert out["ranks"] == 2 and out["momentum_syncs"] == 2 and out["bytes_per_step"] > 0
+    assert out["final_loss"] < 2.31  # below chance level (ln 10): it learns
+
+
+def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
+    common = dict(model="mlp", method="vote-1bit", momentum_sync="every:2", steps=6)
+    full = train_local(TrainConfig(**common, checkpoint_dir=str(tmp_path / "a")), 2, progress=False)
+    part = dict(common, steps=3, checkpoint_dir=str(tmp_path / "b"))
+    train_local(TrainConfig(**part), 2, progress=False)
+    assert sorted(os.listdir(tmp_path / "b")) == ["step0000003-rank0.pt", "step0000003-rank1.pt"]
+    resumed = train_local(TrainConfig(**dict(part, steps=6, resume=True)), 2, progress=False)
+    assert [r["loss"] for r in resumed["records"]] == [r["loss"] for r in full["records"]]
+    assert resumed["final_loss"] == full["final_loss"]
+
+
+def test_momentum_interval_and_prediction():
+    assert momentum_interval("none", 100) is None
+    assert momentum_interval("every:7", 700) == 7
+    assert momentum_interval("first:1:10", 100) == 10  # 10 syncs in 100 steps
+    cfg = TrainConfig(model="char-small", method="vote-1bit", steps=100)
+    r = predict_step(cfg, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
+    assert r.baseline_step_seconds > 4 * r.step_seconds  # the scenario the demo relies on is comm-bound
+
+
+def test_convergence_bench_writes_a_plot(tmp_path, capsys):
+    png = tmp_path / "curves.png"
+    out = _json_out(capsys, ["bench", "convergence", "--model", "mlp", "--ranks", "2", "--steps", "4",
+                             "--configs", "allreduce,vote-pbit", "--plot", str(png), "--json"])
+    assert [r["method"] for r in out["runs"]] == ["allreduce", "vote-pbit"]
+    assert png.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(not ROOT, reason="the lab needs root (CAP_NET_ADMIN)")
+def test_short_lab_train_bench_predicts_its_step_time(capsys):
+    out = _json_out(capsys, ["bench", "train", "--bandwidth", "200Mbit", "--ranks", "2", "--steps", "4",
+                             "--model", "char-tiny", "--configs", "allreduce,vote-1bit", "--json"])
+    rows = {r["method"]: r for r in out["results"][0]["rows"]}
+    assert rows["vote-1bit"]["bytes_vs_fp32"] < 0.05
+    for r in rows.values():
+        # a 4-step toy run on a shared machine: the calibrated prediction is in the right range
+        assert 0.5 < r["predicted_step_seconds"] / r["step_seconds"] < 2.0, r
+        assert 0 < r["of_limit"] <= 1.05
+
+
+@pytest.mark.skipif(not ROOT, reason="the lab needs root (CAP_NET_ADMIN)")
+def test_demo_runs_end_to_end(capsys):
+    assert main(["demo", "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "4. train 3 steps each on the emulated Ethernet lab" in out
+    assert "predicted" in out and "allreduce" in out
