@@ -63,9 +63,9 @@ def run(args) -> int:
     cfg = config_from_args(args)
     progress = sys.stderr.isatty() or not args.json
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        from lioncub.distributed import init_distributed
-
         import torch.distributed as dist
+
+        from lioncub.distributed import init_distributed
 
         rank, _ = init_distributed()
         summary = train(cfg, progress=progress and rank == 0)
