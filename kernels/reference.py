@@ -38,6 +38,22 @@ def scratch(slot: str, n: int, dtype: torch.dtype, device) -> torch.Tensor:
     return buf[:n]
 
 
+PIECE = 1 << 18  # elements per piece on a CPU: a piece's p, g, m and c stay in cache across a step's passes
+
+
+def pieces(n: int, bounds: list[int] | None = None, device=None):
+    """(segment index, start, end) pieces of [0, n): at most PIECE elements on a CPU (one piece on a GPU),
+    starting on multiples of 64 inside a segment, never crossing a boundary in `bounds`."""
+    bounds = bounds or [0, n]
+    size = PIECE if device is None or torch.device(device).type == "cpu" else n
+    for seg, (a, b) in enumerate(zip(bounds[:-1], bounds[1:])):
+        s = a
+        while s < b:
+            e = min(b, (s // 64) * 64 + size)
+            yield seg, s, e
+            s = e
+
+
 def _table(name, device, build):
     key = ("table", name, torch.device(device))
     if key not in _CACHE:
@@ -156,9 +172,10 @@ def apply_update_(p: torch.Tensor, update: torch.Tensor, lr: float, wd: float) -
 
 def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
     """One plain Lion step (no communication): the world-size-1 path."""
-    update = lion_direction(g, m, beta1, scratch("c", g.numel(), torch.float32, g.device)).sign_()
-    apply_update_(p, update, lr, wd)
-    momentum_update_(m, g, beta2)
+    for _, s, e in pieces(p.numel(), device=p.device):
+        update = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device)).sign_()
+        apply_update_(p[s:e], update, lr, wd)
+        momentum_update_(m[s:e], g[s:e], beta2)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -172,16 +189,21 @@ def all_finite(t: torch.Tensor) -> bool:
 _SUM_CHUNK = 1 << 14
 
 
-def segment_sums_abs(c: torch.Tensor, offsets: list[int]) -> torch.Tensor:
-    """float64 sums of |c| over each segment [offsets[i], offsets[i+1]): fp32 sums of 16K-element chunks
-    (accurate to ~1e-7 and vectorised), combined in fp64 (a direct fp64 sum of fp32 data is ~50x slower)."""
+def _sum_abs(c: torch.Tensor) -> torch.Tensor:
+    """float64 sum of |c|: fp32 sums of 16K-element chunks (accurate to ~1e-7 and vectorised), combined in
+    fp64 (a direct fp64 sum of fp32 data is ~50x slower)."""
     a = torch.abs(c, out=scratch("abs", c.numel(), c.dtype, c.device))
-    sums = []
-    for s, e in zip(offsets[:-1], offsets[1:]):
-        k = (e - s) // _SUM_CHUNK
-        main = a[s : s + k * _SUM_CHUNK].view(k, _SUM_CHUNK).sum(1).double().sum() if k else 0.0
-        sums.append(a[s + k * _SUM_CHUNK : e].sum().double() + main)
-    return torch.stack(sums)
+    k = a.numel() // _SUM_CHUNK
+    main = a[: k * _SUM_CHUNK].view(k, _SUM_CHUNK).sum(1).double().sum() if k else 0.0
+    return a[k * _SUM_CHUNK :].sum().double() + main
+
+
+def segment_sums_abs(c: torch.Tensor, offsets: list[int]) -> torch.Tensor:
+    """float64 sums of |c| over each segment [offsets[i], offsets[i+1])."""
+    sums = torch.zeros(len(offsets) - 1, dtype=torch.float64, device=c.device)
+    for seg, s, e in pieces(c.numel(), offsets, c.device):
+        sums[seg] += _sum_abs(c[s:e])
+    return sums
 
 
 def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:
@@ -196,8 +218,10 @@ def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch
 def prepass(method: str, g, m, *, beta1: float, offsets: list[int], levels: int = 0):
     """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
     if method == "l1-pbit":
-        c = lion_direction(g, m, beta1, scratch("c", g.numel(), torch.float32, g.device))
-        sums = segment_sums_abs(c, offsets)
+        sums = torch.zeros(len(offsets) - 1, dtype=torch.float64, device=g.device)
+        for seg, s, e in pieces(g.numel(), offsets, g.device):
+            c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device))
+            sums[seg] += _sum_abs(c)
         return bool(torch.isfinite(sums).all()), l1_multipliers(sums, offsets, levels)
     return all_finite(g), None
 
@@ -219,18 +243,24 @@ def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: 
     p-bit methods: `out` holds layout.words(n) words of layout.dtype.
     """
     n, dev = g.numel(), g.device
-    c = lion_direction(g, m, beta1, scratch("c", n, torch.float32, dev))
-    momentum_update_(m, g, beta2)
     if method in ("vote-1bit", "vote-allgather"):
-        return pack_signs(c, out, zero_parity)
-    if method in ("vote-pbit", "avg-pbit"):
-        signs = scratch("signs", n, torch.int8, dev).copy_(c.sign_())  # -1, 0, +1
-        values = signs.view(torch.uint8).add_(1)  # sign + 1: 255 wraps to 0, so {0, 1, 2}
-    elif method == "l1-pbit":
-        values = l1_levels(c, mult, offsets, levels).add_(levels)  # integral floats in [0, 2s]
-    else:
+        for _, s, e in pieces(n, device=dev):  # starts are multiples of 64: whole bytes, same index parity
+            c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, dev))
+            momentum_update_(m[s:e], g[s:e], beta2)
+            pack_signs(c, out[s // 8 : e // 8 if e < n else out.numel()], zero_parity)
+        return out
+    if method not in ("vote-pbit", "avg-pbit", "l1-pbit"):
         raise ValueError(f"quantize_pack: method {method!r} has no code")
-    return pack_fields(values, layout, out)
+    values = scratch("values", n, torch.float32, dev)
+    scales = mult.tolist() if method == "l1-pbit" else None
+    for seg, s, e in pieces(n, offsets if scales else None, dev):
+        c = lion_direction(g[s:e], m[s:e], beta1, values[s:e])
+        momentum_update_(m[s:e], g[s:e], beta2)
+        if scales is None:
+            c.sign_().add_(1)  # sign(c) + 1, in {0, 1, 2}
+        else:
+            c.mul_(scales[seg]).round_().clamp_(-levels, levels).add_(levels)  # q + s, in [0, 2s]
+    return pack_fields(values, layout, out)  # integral floats convert exactly to the word type
 
 
 def pack_signs(c: torch.Tensor, out: torch.Tensor, zero_parity: int = 0) -> torch.Tensor:
@@ -245,10 +275,15 @@ def pack_signs(c: torch.Tensor, out: torch.Tensor, zero_parity: int = 0) -> torc
 
 def unpack_signs(packed: torch.Tensor, n: int) -> torch.Tensor:
     """Packed bits -> +-1 fp32 (a scratch view of n elements): one table lookup per byte."""
-    B = packed.numel()
-    update = scratch("update", 8 * B, torch.float32, packed.device)
-    torch.index_select(_bit_table("sign", packed.device), 0, packed.to(torch.int32), out=update.view(B, 8))
-    return update[:n]
+    return _bits_piece(packed, 0, n, "sign", "update")
+
+
+def _bits_piece(plane: torch.Tensor, s: int, e: int, kind: str, slot: str) -> torch.Tensor:
+    """Bits [s, e) of a packed plane (s a multiple of 8) as fp32 +-1 (kind "sign") or 0/1 ("ones")."""
+    b0, b1 = s // 8, -(-e // 8)
+    out = scratch(slot, 8 * (b1 - b0), torch.float32, plane.device)
+    torch.index_select(_bit_table(kind, plane.device), 0, plane[b0:b1].to(torch.int32), out=out.view(-1, 8))
+    return out[: e - s]
 
 
 _LOW_BITS = 0x0101010101010101  # bit 0 of each of the 8 bytes of an int64
@@ -335,47 +370,63 @@ def _field_update_table(method: str, layout: FieldLayout, world_size: int, level
     return _table((method, layout, world_size, levels), device, build)
 
 
-def decode_update(method: str, code, n: int, *, world_size: int, levels: int = 0,
-                  layout: FieldLayout | None = None) -> torch.Tensor:
-    """The agreed update U (fp32, a scratch view) from the agreed code."""
+def _planes(n: int, layout: FieldLayout, W: int) -> list[int]:
+    """Boundaries of the field planes of n elements in W words: element i is field i // W."""
+    return [j * W for j in range(layout.per_word) if j * W < n] + [n]
+
+
+def _decode_piece(method: str, code, s: int, e: int, *, world_size: int, levels: int, layout, slot="update"):
+    """U (fp32, a scratch view) for elements [s, e); s is a multiple of 64 and, for p-bit codes, [s, e)
+    lies in one field plane."""
     if method in ("vote-1bit", "vote-allgather"):
         sign_plane, nonzero_plane = code
-        B = sign_plane.numel()
-        update = unpack_signs(sign_plane, 8 * B)
+        update = _bits_piece(sign_plane, s, e, "sign", slot)
         if nonzero_plane is not None:
-            ones = scratch("update2", 8 * B, torch.float32, sign_plane.device)
-            torch.index_select(_bit_table("ones", sign_plane.device), 0, nonzero_plane.to(torch.int32),
-                               out=ones.view(B, 8))
-            update.mul_(ones)
-        return update[:n]
-    if method not in ("vote-pbit", "avg-pbit", "l1-pbit"):
-        raise ValueError(f"decode_update: unknown method {method!r}")
+            update.mul_(_bits_piece(nonzero_plane, s, e, "ones", slot + "2"))
+        return update
     W = code.numel()
-    update = scratch("update", W * layout.per_word, torch.float32, code.device)
-    if layout.width > 16:  # a table would be too large: decode arithmetically
+    j = s // W
+    words = code[s - j * W : e - j * W]
+    f = scratch("unfield", words.numel(), words.dtype, words.device)
+    torch.bitwise_right_shift(words, layout.width * j, out=f).bitwise_and_((1 << layout.width) - 1)
+    table = _field_update_table(method, layout, world_size, levels, code.device)
+    return torch.index_select(table, 0, f.to(torch.int32), out=scratch(slot, e - s, torch.float32, code.device))
+
+
+def decode_update(method: str, code, n: int, *, world_size: int, levels: int = 0,
+                  layout: FieldLayout | None = None) -> torch.Tensor:
+    """The agreed update U (fp32, a new tensor of n elements) from the agreed code."""
+    if method not in ("vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit", "l1-pbit"):
+        raise ValueError(f"decode_update: unknown method {method!r}")
+    if method in ("vote-pbit", "avg-pbit", "l1-pbit") and layout.width > 16:  # too wide for a table
         sums = unpack_fields(code, layout, n).double()
         offset = world_size * (levels if method == "l1-pbit" else 1)
         u = (sums - world_size) / world_size if method == "avg-pbit" else torch.sign(sums - offset)
-        return update[:n].copy_(u)
-    table = _field_update_table(method, layout, world_size, levels, code.device)
-    for j, f in _fields(code, layout):
-        torch.index_select(table, 0, f.to(torch.int32), out=update[j * W : (j + 1) * W])
-    return update[:n]
+        return u.float()
+    out = torch.empty(n, dtype=torch.float32, device=(code[0] if isinstance(code, tuple) else code).device)
+    bounds = None if method in ("vote-1bit", "vote-allgather") else _planes(n, layout, code.numel())
+    for _, s, e in pieces(n, bounds, out.device):
+        out[s:e] = _decode_piece(method, code, s, e, world_size=world_size, levels=levels, layout=layout)
+    return out
 
 
 def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
                  layout: FieldLayout | None = None) -> None:
-    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U (one pass on a GPU)."""
-    if method in ("vote-1bit", "vote-allgather") and code[1] is not None and p.dtype == torch.float32:
-        sign_plane, nonzero_plane = code
-        n, B = p.numel(), sign_plane.numel()
-        signs = scratch("update", 8 * B, torch.float32, p.device)
-        ones = scratch("update2", 8 * B, torch.float32, p.device)
-        torch.index_select(_bit_table("sign", p.device), 0, sign_plane.to(torch.int32), out=signs.view(B, 8))
-        torch.index_select(_bit_table("ones", p.device), 0, nonzero_plane.to(torch.int32), out=ones.view(B, 8))
-        if wd:
-            p.mul_(1 - lr * wd)
-        p.addcmul_(signs[:n], ones[:n], value=-lr)  # U = sign * not-a-tie, fused into the update
-        return
-    update = decode_update(method, code, p.numel(), world_size=world_size, levels=levels, layout=layout)
-    apply_update_(p, update, lr, wd)
+    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U (one pass on a GPU; in cache-sized
+    pieces on a CPU)."""
+    n = p.numel()
+    onebit = method in ("vote-1bit", "vote-allgather")
+    if not onebit and layout.width > 16:
+        return apply_update_(p, decode_update(method, code, n, world_size=world_size, levels=levels,
+                                              layout=layout), lr, wd)
+    fused = onebit and code[1] is not None and p.dtype == torch.float32
+    for _, s, e in pieces(n, None if onebit else _planes(n, layout, code.numel()), p.device):
+        if fused:  # U = sign * not-a-tie, folded into the update
+            signs = _bits_piece(code[0], s, e, "sign", "update")
+            ones = _bits_piece(code[1], s, e, "ones", "update2")
+            if wd:
+                p[s:e].mul_(1 - lr * wd)
+            p[s:e].addcmul_(signs, ones, value=-lr)
+        else:
+            update = _decode_piece(method, code, s, e, world_size=world_size, levels=levels, layout=layout)
+            apply_update_(p[s:e], update, lr, wd)

@@ -106,13 +106,13 @@ def _train(cfgs, args, rate, on_lab) -> list[dict]:
             for cfg in cfgs:
                 s = train_on_lab(cfg, args.ranks, rate, progress=sys.stderr.isatty(), lab=lab)
                 out.append(_row(cfg, s))
-                say(f"   {_label(cfg):34s} step {1e3 * s['step_seconds']:8.1f} ms (predicted "
+                say(f"   {_label(cfg):34s} step {1e3 * s['mean_step_seconds']:8.1f} ms (predicted "
                     f"{1e3 * s['predicted_step_seconds']:.1f})  eval loss {s['final_loss']:.4f}")
     else:
         for cfg in cfgs:
             s = train_local(cfg, args.ranks, progress=sys.stderr.isatty())
             out.append(_row(cfg, s))
-            say(f"   {_label(cfg):34s} step {1e3 * s['step_seconds']:8.1f} ms  eval loss {s['final_loss']:.4f}")
+            say(f"   {_label(cfg):34s} step {1e3 * s['mean_step_seconds']:8.1f} ms  eval loss {s['final_loss']:.4f}")
     return out
 
 
@@ -124,7 +124,7 @@ def _label(cfg) -> str:
 
 
 def _row(cfg, s) -> dict:
-    keys = ("final_loss", "step_seconds", "compute_seconds", "codec_seconds", "comm_seconds", "bytes_per_step",
+    keys = ("final_loss", "mean_step_seconds", "compute_seconds", "codec_seconds", "comm_seconds", "bytes_per_step",
             "predicted_step_seconds")
     return dict(config=_label(cfg), method=cfg.method, **{k: s.get(k) for k in keys})
 
@@ -136,12 +136,13 @@ def table(runs: list[dict], on_lab: bool) -> str:
     rows = [head, "-" * len(head)]
     for r in runs:
         pred = r["predicted_step_seconds"]
-        err = f"{pred / r['step_seconds'] - 1:+.0%}" if pred else "-"
+        err = f"{pred / r['mean_step_seconds'] - 1:+.0%}" if pred else "-"
         pred_ms = f"{1e3 * pred:9.1f}" if pred else f"{'-':>9s}"
         base_pred = base["predicted_step_seconds"]
         pred_x = f"{base_pred / pred:5.2f}x" if pred and base_pred else "     -"
-        rows.append(f"{r['config']:34s} {r['final_loss']:9.4f} {1e3 * r['step_seconds']:8.1f} {pred_ms} {err:>7s} "
-                    f"{base['step_seconds'] / r['step_seconds']:7.2f}x {pred_x} {r['bytes_per_step'] / 1e3:9.1f}")
+        rows.append(f"{r['config']:34s} {r['final_loss']:9.4f} {1e3 * r['mean_step_seconds']:8.1f} {pred_ms} "
+                    f"{err:>7s} {base['mean_step_seconds'] / r['mean_step_seconds']:7.2f}x {pred_x} "
+                    f"{r['bytes_per_step'] / 1e3:9.1f}")
     if not on_lab:
         rows.append("(local run: no predictions; the loopback network is not the scenario's link)")
     return "\n".join(rows)

@@ -96,7 +96,8 @@ def format_summary(s: dict) -> str:
              f"{s['steps']} steps",
              f"  final eval loss {s['final_loss']:.4f}   train loss {s['train_loss']:.4f}",
              f"  step {1e3 * s['step_seconds']:.1f} ms = compute {1e3 * s['compute_seconds']:.1f} + codec "
-             f"{1e3 * s['codec_seconds']:.1f} + comm {1e3 * s['comm_seconds']:.1f} (medians)",
+             f"{1e3 * s['codec_seconds']:.1f} + comm {1e3 * s['comm_seconds']:.1f} (medians); mean step "
+             f"{1e3 * s['mean_step_seconds']:.1f} ms",
              f"  {s['bytes_per_step'] / 1e6:.3f} MB sent per rank per step"]
     if s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")

@@ -45,10 +45,17 @@ def _rank_main() -> None:
     if rank:
         summary.pop("records")
     report(summary)
+    import os
+
     import torch.distributed as dist
 
     dist.barrier()
-    dist.destroy_process_group()  # a Gloo thread still running at exit would abort the process
+    dist.destroy_process_group()
+    # The result is on disk. Skip interpreter teardown: a c10d/Gloo thread still alive when C++ static
+    # destructors run can abort the process ("terminate called without an active exception").
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,8 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
         comm_seconds=med("comm_s"),
+        # the mean includes the periodic momentum syncs the median skips: use it for throughput
+        mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
         skipped_steps=opt.stats.skipped_steps, momentum_syncs=opt.stats.momentum_syncs,
         records=records,
