@@ -50,9 +50,9 @@ def main():
         ref = flat.clone()
         torch.distributed.broadcast(ref, 0)
         assert torch.equal(ref, flat), "replicas diverged"
-        torch.distributed.destroy_process_group()
     if rank == 0:
         print(f"done: {world} rank(s), method {args.method}, final loss {loss.item():.4f}")
+    lioncub.finish()  # barrier + destroy_process_group, safe against Gloo's exit-time race
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ _LAZY = {
     "lion_step": "lioncub.optim",
     "broadcast_parameters": "lioncub.distributed",
     "init_distributed": "lioncub.distributed",
+    "finish": "lioncub.distributed",
     "EveryK": "lioncub.schedules",
     "FirstSteps": "lioncub.schedules",
     "Geometric": "lioncub.schedules",

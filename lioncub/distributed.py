@@ -6,6 +6,7 @@ import datetime
 import io
 import os
 import socket
+import time
 import traceback
 from collections.abc import Callable, Iterable
 
@@ -55,6 +56,25 @@ def broadcast_parameters(module_or_tensors, src: int = 0, group=None) -> None:
         for t in group_tensors:
             t.copy_(flat[offset : offset + t.numel()].view_as(t))
             offset += t.numel()
+
+
+def finish(grace_s: float = 0.1) -> None:
+    """End a distributed run: wait for every rank, destroy all process groups, let Gloo settle.
+
+    Call it last in a torchrun script instead of a bare destroy_process_group(). Gloo's worker threads
+    free each collective's Work (and the tensor references it holds) shortly *after* the collective
+    completes. If that happens while the interpreter is already shutting down, the thread cannot take
+    the GIL and torch aborts the process ("terminate called without an active exception", exit -6)
+    although all work finished. The barrier makes every rank finish every collective; the grace
+    period lets the workers drop them before Python starts finalising.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    slow = dist.get_backend() == "gloo"
+    dist.barrier()
+    dist.destroy_process_group()
+    if slow:
+        time.sleep(grace_s)
 
 
 def free_port() -> int:

@@ -28,7 +28,9 @@ def gloo_sum() -> None:
         "interfaces": [name for _, name in socket.if_nameindex()],
         "master": os.environ["MASTER_ADDR"],
     })
-    dist.destroy_process_group()
+    from lioncub.distributed import finish
+
+    finish()
 
 
 def die(victim: int) -> None:

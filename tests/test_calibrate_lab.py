@@ -34,8 +34,9 @@ def test_quick_lab_calibration_predicts_a_held_out_setting(tmp_path):
     assert {m["op"] for m in ms} == {"p2p", "allreduce", "allgather", "alltoall"}
     assert all(m["ranks"] == 4 and m["bandwidth_bps"] == 1e9 and m["tbf_burst_bytes"] > 0 for m in ms)
     profile, rep = fit(ms, raw["host_kernels"], name="gloo-ci")
-    # framing through tc: 1448 payload bytes per 1514-byte frame
-    assert profile.wire_efficiency == pytest.approx(1448 / 1514, rel=0.01)
+    # framing through tc: 1448 payload bytes per 1514-byte frame. A quick calibration times 3 MiB between
+    # its two largest ping-pongs (~25 ms), so allow 2.5%; no framing at all (1.0) would be 4.6% off.
+    assert profile.wire_efficiency == pytest.approx(1448 / 1514, rel=0.025)
     # per call and per message: at one rank count their split is loosely determined, their sum (a tiny
     # ping-pong's one-way time) is not
     assert profile.call_overhead >= 0 and profile.message_overhead >= 0

@@ -170,6 +170,7 @@ def run_torchrun(bandwidth, quick: bool = False, rounds: int | None = None, host
     import torch
     import torch.distributed as dist
 
+    from lioncub.distributed import finish
     from lioncub.simulator.units import parse_rate
 
     from .ranks import run
@@ -198,10 +199,14 @@ def run_torchrun(bandwidth, quick: bool = False, rounds: int | None = None, host
         _annotate(out, rate, rph, {"backend": backend, "source": "torchrun"})
         out["setting"] = {"where": "torchrun", "ranks": world, "ranks_per_host": rph, "bandwidth_bps": rate,
                           "rounds": job["rounds"], "quick": quick, "backend": backend}
-        return out if dist.get_rank() == 0 else None
-    finally:
+        rank = dist.get_rank()
+    except BaseException:
         if own:
             dist.destroy_process_group()
+        raise
+    if own:
+        finish()
+    return out if rank == 0 else None
 
 
 # ---- the command --------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ def main(job: dict) -> None:
     import torch
     import torch.distributed as dist
 
+    from lioncub.distributed import finish
     from lioncub.lab.launch import report
 
     from .ranks import run
@@ -21,8 +22,10 @@ def main(job: dict) -> None:
         out = run(job)
         if dist.get_rank() == 0:
             report(out)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ def main(job: dict) -> None:
     import torch
     import torch.distributed as dist
 
+    from lioncub.distributed import finish
+
     from .bench import run_probe
     from .launch import report
 
@@ -19,8 +21,10 @@ def main(job: dict) -> None:
     try:
         results = [run_probe(p) for p in job["probes"]]
         report(results)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    finish()
 
 
 if __name__ == "__main__":

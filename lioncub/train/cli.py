@@ -63,14 +63,11 @@ def run(args) -> int:
     cfg = config_from_args(args)
     progress = sys.stderr.isatty() or not args.json
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
-        import torch.distributed as dist
-
-        from lioncub.distributed import init_distributed
+        from lioncub.distributed import finish, init_distributed
 
         rank, _ = init_distributed()
         summary = train(cfg, progress=progress and rank == 0)
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        finish()
         if rank:
             return 0
     elif args.lab:
