@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import io
 import os
@@ -75,6 +76,20 @@ def finish(grace_s: float = 0.1) -> None:
     dist.destroy_process_group()
     if slow:
         time.sleep(grace_s)
+
+
+@contextlib.contextmanager
+def gloo_rank(timeout_s: float):
+    """One lab rank's process group: Gloo from the launcher's environment, one thread; finish() after
+    the body, or a bare destroy if it raised (its peers may be gone, so no barrier)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        yield
+    except BaseException:
+        dist.destroy_process_group()
+        raise
+    finish()
 
 
 def free_port() -> int:

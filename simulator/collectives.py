@@ -612,8 +612,8 @@ class CollectiveResult:
 def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmetry=True) -> CollectiveResult:
     t_wall = time.perf_counter()
     p = cluster.ranks
-    res = CollectiveResult(op, alg, profile.name, p, nbytes, 0.0, 0.0, 0.0)
     if p == 1:
+        res = CollectiveResult(op, alg, profile.name, p, nbytes, 0.0, 0.0, 0.0)
         res.timeline = {0: []} if timeline else None
         return res
     if profile.rendezvous and (op, alg) in RENDEZVOUS_FORMS:
@@ -627,32 +627,8 @@ def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmet
             together.seconds = (1 - f) * together.seconds + f * apart.seconds
         together.wall_seconds = time.perf_counter() - t_wall
         return together
-    kind = _symmetry_kind(op, alg, p) if use_symmetry else None
-    sym = Symmetry.choose(cluster, kind)
-    sim = _Sim(cluster, profile, sym, timeline)
-    fn = ALGORITHMS[op][alg]
-    family = op
-    ranks = [Rank(sim, r, family) for r in sym.reps]
-
-    def program(ctx):
-        if profile.call_overhead > 0:
-            yield sim.env.timeout(profile.call_overhead)
-        yield from fn(ctx, nbytes)
-        yield from ctx.flush()
-        ctx.finished = sim.env.now
-
-    for ctx in ranks:
-        sim.env.process(program(ctx))
-    sim.env.run()
-    if sim.mailbox:  # an algorithm bug: a send nobody received or a receive nobody sent
-        raise RuntimeError(f"{op}/{alg}: {len(sim.mailbox)} unmatched messages")
-    res.seconds = max(c.finished for c in ranks)
-    res.bytes_sent_per_rank = max(c.bytes_sent for c in ranks)
-    res.bytes_received_per_rank = max(c.bytes_received for c in ranks)
-    res.messages = sim.messages * sym.orbit_size
-    res.simulated_ranks = len(ranks)
-    if timeline:
-        res.timeline = _expand_timeline(sym, ranks)
+    res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline,
+                    use_symmetry=use_symmetry)
     res.wall_seconds = time.perf_counter() - t_wall
     return res
 
@@ -663,14 +639,20 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
     the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
     the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
     entry to the last rank's end (the gap is a device to order the entries, not a delay to charge)."""
-    p = cluster.ranks
-    kind = _symmetry_kind(op, alg, p) if use_symmetry and not staggered else None
-    sym = Symmetry.choose(cluster, kind)
-    sim = _Sim(cluster, profile, sym, timeline, rendezvous=True)
-    fn = RENDEZVOUS_FORMS[op, alg]
-    ranks = [Rank(sim, r, op) for r in sym.reps]
     lat = max(cluster.latency, cluster.intra_latency)
-    gap = profile.call_overhead + 2 * p * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
+    gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
+    return _run_once(cluster, profile, op, alg, nbytes, RENDEZVOUS_FORMS[op, alg], rendezvous=True, gap=gap,
+                     timeline=timeline, use_symmetry=use_symmetry and not staggered)
+
+
+def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, gap: float = 0.0,
+              timeline: bool = False, use_symmetry: bool = True) -> CollectiveResult:
+    """Simulate one call of fn on every (representative) rank, rank r entering at r * gap."""
+    p = cluster.ranks
+    kind = _symmetry_kind(op, alg, p) if use_symmetry else None
+    sym = Symmetry.choose(cluster, kind)
+    sim = _Sim(cluster, profile, sym, timeline, rendezvous=rendezvous)
+    ranks = [Rank(sim, r, op) for r in sym.reps]
     start = {}
 
     def program(ctx):
@@ -686,8 +668,8 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
     for ctx in ranks:
         sim.env.process(program(ctx))
     sim.env.run()
-    if sim.mailbox:
-        raise RuntimeError(f"{op}/{alg} (rendezvous): {len(sim.mailbox)} unmatched messages")
+    if sim.mailbox:  # an algorithm bug: a send nobody received or a receive nobody sent
+        raise RuntimeError(f"{op}/{alg}{' (rendezvous)' if rendezvous else ''}: {len(sim.mailbox)} unmatched messages")
     res = CollectiveResult(op, alg, profile.name, p, nbytes, max(c.finished for c in ranks) - max(start.values()),
                            max(c.bytes_sent for c in ranks), max(c.bytes_received for c in ranks))
     res.messages = sim.messages * sym.orbit_size

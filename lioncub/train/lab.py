@@ -34,7 +34,7 @@ def predicted(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1
 
 
 def _rank_main() -> None:
-    from lioncub.distributed import init_distributed
+    from lioncub.distributed import finish, init_distributed
     from lioncub.lab import report
     from lioncub.train.loop import TrainConfig, train
 
@@ -47,12 +47,9 @@ def _rank_main() -> None:
     report(summary)
     import os
 
-    import torch.distributed as dist
-
-    dist.barrier()
-    dist.destroy_process_group()
-    # The result is on disk. Skip interpreter teardown: a c10d/Gloo thread still alive when C++ static
-    # destructors run can abort the process ("terminate called without an active exception").
+    finish(grace_s=0)
+    # The result is on disk. Skip interpreter teardown altogether, the surest way around the Gloo
+    # exit-time race that finish() otherwise waits out (see lioncub.distributed.finish).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
