@@ -1,0 +1,87 @@
+"""Recursive doubling and halving: allreduce by recursive doubling and by Rabenseifner's halving-doubling
+(MPICH's folding for other p), reduce-scatter by halving, all-gather by recursive doubling and Bruck."""
+
+from __future__ import annotations
+
+
+def _recursive_doubling(ctx, members, n, label):
+    q, i = len(members), members.index(ctx.r)
+    d = 1
+    while d < q:
+        peer = members[i ^ d]
+        yield from ctx.sendrecv(peer, peer, n, (label, d))
+        yield from ctx.reduce(n)
+        d *= 2
+
+
+def _halving_doubling(ctx, members, n, label, gather=True):
+    """Rabenseifner: reduce-scatter by recursive halving, then all-gather by recursive doubling."""
+    q, i = len(members), members.index(ctx.r)
+    size, d = n, q // 2
+    while d >= 1:
+        peer = members[i ^ d]
+        size /= 2
+        yield from ctx.sendrecv(peer, peer, size, (label, "rs", d))
+        yield from ctx.reduce(size)
+        d //= 2
+    if gather:
+        d = 1
+        while d < q:
+            peer = members[i ^ d]
+            yield from ctx.sendrecv(peer, peer, size, (label, "ag", d))
+            size *= 2
+            d *= 2
+
+
+def _folded(ctx, n, core):
+    """MPICH's handling of a non-power-of-two p: the first 2*rem ranks pair up (even sends its buffer to
+    odd, which reduces it), the power of two that is left runs `core`, and odd ranks send the result
+    back."""
+    p, r = ctx.p, ctx.r
+    q = 1 << (p.bit_length() - 1)
+    rem = p - q
+    if rem == 0:
+        yield from core(ctx, list(range(p)), n, "core")
+        return
+    if r < 2 * rem and r % 2 == 0:
+        ctx.send(r + 1, n, ("fold-in",))
+        yield ctx.recv(r + 1, ("fold-out",), n)
+        return
+    if r < 2 * rem:
+        yield ctx.recv(r - 1, ("fold-in",), n)
+        yield from ctx.reduce(n)
+    members = [x for x in range(1, 2 * rem, 2)] + list(range(2 * rem, p))
+    yield from core(ctx, members, n, "core")
+    if r < 2 * rem:
+        ctx.send(r - 1, n, ("fold-out",))
+
+
+def allreduce_recursive_doubling(ctx, n):
+    yield from _folded(ctx, n, _recursive_doubling)
+
+
+def allreduce_rabenseifner(ctx, n):
+    yield from _folded(ctx, n, _halving_doubling)
+
+
+def reducescatter_halving(ctx, n):
+    yield from _halving_doubling(ctx, list(range(ctx.p)), n, "rs", gather=False)
+
+
+def allgather_recursive_doubling(ctx, n):
+    p, r = ctx.p, ctx.r
+    size, d = n / p, 1
+    while d < p:
+        yield from ctx.sendrecv(r ^ d, r ^ d, size, ("ag", d))
+        size *= 2
+        d *= 2
+
+
+def allgather_bruck(ctx, n):
+    """Bruck: at step k send the 2^k blocks gathered so far to r - 2^k, receive from r + 2^k."""
+    p, r = ctx.p, ctx.r
+    block, d = n / p, 1
+    while d < p:
+        size = min(d, p - d) * block
+        yield from ctx.sendrecv((r - d) % p, (r + d) % p, size, ("bruck", d))
+        d *= 2

@@ -1,0 +1,78 @@
+"""CollectiveResult: what one simulated collective (or composite) returns."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# nccl-tests bus-bandwidth factors: busbw = algbw * factor(p)
+_BUSBW = {
+    "allreduce": lambda p: 2 * (p - 1) / p,
+    "allgather": lambda p: (p - 1) / p,
+    "reducescatter": lambda p: (p - 1) / p,
+    "alltoall": lambda p: (p - 1) / p,
+    "broadcast": lambda p: 1.0,
+    "reduce": lambda p: 1.0,
+}
+
+
+@dataclass
+class CollectiveResult:
+    """One simulated collective (or composite).
+
+    seconds: from the call on all ranks until the last rank is done.
+    bytes_sent_per_rank / bytes_received_per_rank: payload bytes of the busiest rank.
+    parts: for composites, one dict per collective issued (op, algorithm, size_bytes, seconds, ...).
+    candidates: with algorithm "auto", the simulated seconds of every algorithm tried.
+    timeline: if asked for, {rank: [(kind, start, end, peer, bytes), ...]} with kind send/recv/reduce.
+    """
+
+    op: str
+    algorithm: str
+    backend: str
+    ranks: int
+    size_bytes: float
+    seconds: float
+    bytes_sent_per_rank: float
+    bytes_received_per_rank: float
+    parts: list[dict] = field(default_factory=list)
+    candidates: dict[str, float] | None = None
+    timeline: dict[int, list[tuple]] | None = None
+    messages: int = 0
+    simulated_ranks: int = 0
+    wall_seconds: float = 0.0
+
+    @property
+    def algbw(self) -> float:
+        """size_bytes / seconds, bytes per second (nccl-tests' algbw)."""
+        return self.size_bytes / self.seconds if self.seconds > 0 else math.inf
+
+    @property
+    def busbw(self) -> float | None:
+        """algbw times nccl-tests' bus factor (primitives only), bytes per second."""
+        f = _BUSBW.get(self.op)
+        return None if f is None else self.algbw * f(self.ranks)
+
+    def to_dict(self) -> dict:
+        d = {
+            "op": self.op,
+            "algorithm": self.algorithm,
+            "backend": self.backend,
+            "ranks": self.ranks,
+            "size_bytes": self.size_bytes,
+            "seconds": self.seconds,
+            "bytes_sent_per_rank": self.bytes_sent_per_rank,
+            "bytes_received_per_rank": self.bytes_received_per_rank,
+            "algbw_bytes_per_s": self.algbw if self.seconds > 0 else None,
+            "busbw_bytes_per_s": self.busbw if self.seconds > 0 else None,
+            "parts": self.parts,
+            "candidates": self.candidates,
+            "messages": self.messages,
+            "simulated_ranks": self.simulated_ranks,
+        }
+        if self.timeline is not None:
+            d["timeline"] = {
+                str(r): [dict(zip(("kind", "start", "end", "peer", "bytes"), e)) for e in evs]
+                for r, evs in self.timeline.items()
+            }
+        return d

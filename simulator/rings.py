@@ -1,0 +1,104 @@
+"""Ring algorithms: allreduce, reduce-scatter and all-gather rings, the hierarchical allreduce (rings
+inside and between nodes), and Gloo's ring forms (segmented allreduce, all-gather in half blocks).
+
+Pipelining: a ring cuts every step's chunk into `profile.slice_bytes` slices and forwards each slice as
+soon as it has arrived; with `slice_bytes=None` a step is one message and the next step starts when it
+has arrived, which is the textbook step-by-step algorithm.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ranks import Rank
+
+
+def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps: int, label):
+    """A ring over `members`: each step sends a chunk to the next member and receives one from the
+    previous; the first `reduce_steps` received chunks are summed in. Reduce-scatter is (q-1, q-1),
+    all-gather (q-1, 0), allreduce (2(q-1), q-1)."""
+    q = len(members)
+    if q == 1 or steps == 0:
+        return
+    i = members.index(ctx.r)
+    nxt, prv = members[(i + 1) % q], members[(i - 1) % q]
+    parts = ctx.slices(chunk)
+    for j, s in enumerate(parts):
+        ctx.send(nxt, s, (label, 0, j))
+    for k in range(steps):
+        for j, s in enumerate(parts):
+            yield ctx.recv(prv, (label, k, j), s)
+            if k < reduce_steps:
+                yield from ctx.reduce(s)
+            if k + 1 < steps:
+                ctx.send(nxt, s, (label, k + 1, j))
+
+
+def allreduce_ring(ctx, n):
+    p = ctx.p
+    yield from _ring(ctx, list(range(p)), n / p, 2 * (p - 1), p - 1, "ar")
+
+
+def reducescatter_ring(ctx, n):
+    p = ctx.p
+    yield from _ring(ctx, list(range(p)), n / p, p - 1, p - 1, "rs")
+
+
+def allgather_ring(ctx, n):
+    p = ctx.p
+    yield from _ring(ctx, list(range(p)), n / p, p - 1, 0, "ag")
+
+
+
+def allreduce_hierarchical(ctx, n):
+    """Reduce-scatter inside the node, ring allreduce of the node's 1/G share between nodes (G rings at
+    once, one per local index, sharing the NIC), all-gather inside the node."""
+    g, nodes = ctx.cluster.gpus_per_node, ctx.cluster.nodes
+    node, local = divmod(ctx.r, g)
+    inside = [node * g + i for i in range(g)]
+    across = [m * g + local for m in range(nodes)]
+    yield from _ring(ctx, inside, n / g, g - 1, g - 1, "h-rs")
+    yield from _ring(ctx, across, n / g / nodes, 2 * (nodes - 1), nodes - 1, "h-ar")
+    yield from _ring(ctx, inside, n / g, g - 1, 0, "h-ag")
+
+
+
+def allgather_ring_halves(ctx, n):
+    """Gloo's ring all-gather: every step's block travels in two halves with at most two in flight, and
+    each half's send is posted before its receive (its rendezvous form)."""
+    p, r = ctx.p, ctx.r
+    nxt, prv = (r + 1) % p, (r - 1) % p
+    half = n / p / 2
+    done = []
+    for i in range(2 * (p - 1)):
+        if i >= 2:
+            yield done[i - 2]
+        msg = ctx.send(nxt, half, ("ag2", i))
+        done.append(ctx.env.all_of([msg.sent, ctx.recv(prv, ("ag2", i), half)]))
+    yield ctx.env.all_of(done[-2:])
+
+
+def allreduce_ring_segmented(ctx, n):
+    """Gloo's ring all-reduce (gloo/allreduce.cc): the buffer is cut into segments of at most slice_bytes,
+    at least two per rank's chunk and a multiple of p in all; a reduce-scatter then an all-gather, each
+    p-1 chunks long, with two segments in flight: iteration i posts the receive of segment i, then its
+    send, and waits for (and reduces) the segment of iteration i-2 (its rendezvous form)."""
+    p, r = ctx.p, ctx.r
+    dst, src = (r - 1) % p, (r + 1) % p  # gloo sends to rank-1
+    cap = ctx.sim.profile.slice_bytes or math.inf
+    nseg = max(math.ceil(n / cap), 2 * p)
+    nseg = -(-nseg // p) * p
+    seg = n / nseg
+    iters = nseg - nseg // p
+    for phase, reduce in (("rs", True), ("ag", False)):
+        inflight = []
+        for i in range(iters + 2):
+            if i >= 2:
+                arrived, sent = inflight[i - 2]
+                yield arrived
+                if reduce:
+                    yield from ctx.reduce(seg)
+                yield sent
+            if i < iters:
+                arrived = ctx.recv(src, (phase, i), seg)
+                inflight.append((arrived, ctx.send(dst, seg, (phase, i)).sent))

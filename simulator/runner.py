@@ -1,0 +1,121 @@
+"""Simulating one primitive collective: every (representative) rank runs the algorithm's program on one
+SimPy environment and network; plain and rendezvous forms; a memo (Cache) of simulated primitives."""
+
+from __future__ import annotations
+
+import time
+
+from .ranks import Rank, Sim
+from .registry import ALGORITHMS, RENDEZVOUS_FORMS, entry_order_matters, symmetry_kind
+from .results import CollectiveResult
+from .symmetry import Symmetry
+
+
+def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmetry=True) -> CollectiveResult:
+    t_wall = time.perf_counter()
+    p = cluster.ranks
+    if p == 1:
+        res = CollectiveResult(op, alg, profile.name, p, nbytes, 0.0, 0.0, 0.0)
+        res.timeline = {0: []} if timeline else None
+        return res
+    if profile.rendezvous and (op, alg) in RENDEZVOUS_FORMS:
+        # Gloo's handshake: a fraction rendezvous_stagger of the calls with the ranks entering one after
+        # another (every rank simulated), the others with all entering together.
+        f = profile.rendezvous_stagger if entry_order_matters(op, alg, p) else 0.0
+        together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
+                                   use_symmetry=use_symmetry)
+        if f > 0:
+            apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True)
+            together.seconds = (1 - f) * together.seconds + f * apart.seconds
+        together.wall_seconds = time.perf_counter() - t_wall
+        return together
+    res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline,
+                    use_symmetry=use_symmetry)
+    res.wall_seconds = time.perf_counter() - t_wall
+    return res
+
+
+def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline: bool = False,
+                    use_symmetry: bool = True) -> CollectiveResult:
+    """The rendezvous form of op/alg. Together: every rank enters at once (representative ranks only, as
+    the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
+    the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
+    entry to the last rank's end (the gap is a device to order the entries, not a delay to charge)."""
+    lat = max(cluster.latency, cluster.intra_latency)
+    gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
+    return _run_once(cluster, profile, op, alg, nbytes, RENDEZVOUS_FORMS[op, alg], rendezvous=True, gap=gap,
+                     timeline=timeline, use_symmetry=use_symmetry and not staggered)
+
+
+def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, gap: float = 0.0,
+              timeline: bool = False, use_symmetry: bool = True) -> CollectiveResult:
+    """Simulate one call of fn on every (representative) rank, rank r entering at r * gap."""
+    p = cluster.ranks
+    kind = symmetry_kind(op, alg, p) if use_symmetry else None
+    sym = Symmetry.choose(cluster, kind)
+    sim = Sim(cluster, profile, sym, timeline, rendezvous=rendezvous)
+    ranks = [Rank(sim, r, op) for r in sym.reps]
+    start = {}
+
+    def program(ctx):
+        if gap:
+            yield sim.env.timeout(ctx.r * gap)
+        start[ctx.r] = sim.env.now
+        if profile.call_overhead > 0:
+            yield sim.env.timeout(profile.call_overhead)
+        yield from fn(ctx, nbytes)
+        yield from ctx.flush()
+        ctx.finished = sim.env.now
+
+    for ctx in ranks:
+        sim.env.process(program(ctx))
+    sim.env.run()
+    if sim.mailbox:  # an algorithm bug: a send nobody received or a receive nobody sent
+        raise RuntimeError(f"{op}/{alg}{' (rendezvous)' if rendezvous else ''}: {len(sim.mailbox)} unmatched messages")
+    res = CollectiveResult(op, alg, profile.name, p, nbytes, max(c.finished for c in ranks) - max(start.values()),
+                           max(c.bytes_sent for c in ranks), max(c.bytes_received for c in ranks))
+    res.messages = sim.messages * sym.orbit_size
+    res.simulated_ranks = len(ranks)
+    if timeline:
+        res.timeline = _expand_timeline(sym, ranks)
+    return res
+
+
+def _expand_timeline(sym: Symmetry, ranks: list[Rank]) -> dict[int, list[tuple]]:
+    out: dict[int, list[tuple]] = {}
+    for a in range(sym.orbit_size):
+        for ctx in ranks:
+            r = sym.image(ctx.r, a)
+            out[r] = sorted(
+                ((kind, t0, t1, None if peer is None else sym.image(peer, a), nb)
+                 for kind, t0, t1, peer, nb in ctx.events),
+                key=lambda e: (e[1], e[2], e[0]),
+            )
+    return dict(sorted(out.items()))
+
+
+class Cache:
+    """Memo of simulated primitives, keyed by everything that determines them (cluster, profile contents,
+    op, algorithm, size). A profile must not be changed while a cache that saw it is in use."""
+
+    def __init__(self):
+        self.results: dict = {}
+        self._profiles: dict = {}
+
+    def key(self, cluster, profile, op, alg, nbytes):
+        import json
+
+        pk = self._profiles.get(id(profile))
+        if pk is None or pk[0] is not profile:
+            pk = (profile, json.dumps(profile.to_dict(), sort_keys=True))
+            self._profiles[id(profile)] = pk
+        return (cluster, pk[1], op, alg, float(nbytes))
+
+
+def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, use_symmetry=True):
+    if cache is None or timeline or not use_symmetry:
+        return _run_primitive(cluster, profile, op, alg, nbytes, timeline, use_symmetry)
+    k = cache.key(cluster, profile, op, alg, nbytes)
+    if k not in cache.results:
+        cache.results[k] = _run_primitive(cluster, profile, op, alg, nbytes)
+    return cache.results[k]

@@ -1,0 +1,48 @@
+"""Binomial trees rooted at rank 0: reduce, broadcast, and allreduce as reduce + broadcast, pipelined in
+slices when the profile sets slice_bytes."""
+
+from __future__ import annotations
+
+
+def _binomial(r: int, p: int) -> tuple[int | None, list[int]]:
+    """Parent and children (smallest subtree first) of rank r in a binomial tree rooted at 0."""
+    children, d = [], 1
+    while d < p:
+        if r & d:
+            return r - d, children
+        if r + d < p:
+            children.append(r + d)
+        d *= 2
+    return None, children
+
+
+def _tree_reduce(ctx, n, label):
+    parent, children = _binomial(ctx.r, ctx.p)
+    for j, s in enumerate(ctx.slices(n)):
+        for c in children:
+            yield ctx.recv(c, (label, j), s)
+            yield from ctx.reduce(s)
+        if parent is not None:
+            ctx.send(parent, s, (label, j))
+
+
+def _tree_broadcast(ctx, n, label):
+    parent, children = _binomial(ctx.r, ctx.p)
+    for j, s in enumerate(ctx.slices(n)):
+        if parent is not None:
+            yield ctx.recv(parent, (label, j), s)
+        for c in reversed(children):  # largest subtree first, one after the other
+            yield ctx.send(c, s, (label, j)).sent
+
+
+def allreduce_binomial_tree(ctx, n):
+    yield from _tree_reduce(ctx, n, "reduce")
+    yield from _tree_broadcast(ctx, n, "bcast")
+
+
+def reduce_binomial_tree(ctx, n):
+    yield from _tree_reduce(ctx, n, "reduce")
+
+
+def broadcast_binomial_tree(ctx, n):
+    yield from _tree_broadcast(ctx, n, "bcast")
