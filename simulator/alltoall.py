@@ -4,18 +4,31 @@ from __future__ import annotations
 
 
 def alltoall_pairwise(ctx, n):
-    """p-1 steps; at step k send n/p to r+k and receive from r-k."""
+    """p-1 steps; at step k send n/p to r+k and receive from r-k. Steps whose peers are the same kinds of
+    hop are alike (and may be fast-forwarded)."""
     p, r = ctx.p, ctx.r
-    for k in range(1, p):
+    hop = ctx.cluster.hop
+    kind = lambda k: (hop(r, (r + k) % p), hop((r - k) % p, r))
+    k = 1
+    while k < p:
         yield from ctx.sendrecv((r + k) % p, (r - k) % p, n / p, ("a2a", k))
+        if ctx.sim.fast:
+            this = kind(k)
+
+            def ahead(k=k, this=this):
+                m = 0
+                while k + m + 1 < p and kind(k + m + 1) == this:
+                    m += 1
+                return m
+
+            k += yield from ctx.fast_forward(this, ahead)
+        k += 1
 
 
 def alltoall_all_at_once(ctx, n):
     """Post all p-1 sends and receives at once (NCCL's grouped send/recv, Gloo's alltoall: for k = 1..p-1,
     send to r+k, then receive from r-k)."""
     p, r = ctx.p, ctx.r
-    arrivals = []
-    for k in range(1, p):
-        ctx.send((r + k) % p, n / p, ("a2a", k))
-        arrivals.append(ctx.recv((r - k) % p, ("a2a", k), n / p))
-    yield ctx.env.all_of(arrivals)
+    piece = n / p
+    yield ctx.exchange([((r + k) % p, piece, ("a2a", k)) for k in range(1, p)],
+                       [((r - k) % p, ("a2a", k), piece) for k in range(1, p)])

@@ -1,17 +1,71 @@
-"""`algorithm="auto"`: the fastest algorithm the backend offers for an op."""
+"""`algorithm="auto"`: the fastest algorithm the backend offers for an op.
+
+Candidates are simulated in the order of their lower bounds (bounds.py), cheapest first. A candidate
+whose lower bound exceeds the best time simulated so far cannot win and is not simulated: it is
+reported as pruned, with its bound and why. `exact=True` simulates every candidate.
+"""
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
+
+from .bounds import bound
 from .registry import ALGORITHMS, valid
 from .runner import _primitive
+from .units import format_time
+
+# times this close are a tie, which the backend's order breaks (float round-off must not pick); a bound
+# must exceed the best time by more than that to prune
+_TIE = 1e-9
 
 
-def best_algorithm(cluster, profile, op, nbytes, cache=None, use_symmetry=True):
-    """(algorithm, {candidate: seconds}) of the fastest algorithm the profile offers for `op`."""
+@dataclass
+class Choice:
+    algorithm: str
+    seconds: dict[str, float]  # the candidates simulated, in the backend's order
+    pruned: dict[str, dict] = field(default_factory=dict)  # candidate -> {lower_bound, chain, bytes, reason}
+
+
+def candidates(cluster, profile, op) -> list[str]:
+    """The algorithms `auto` chooses from: the backend's, those that can run on this cluster."""
     cands = [a for a in profile.candidates(op) if valid(op, a, cluster)]
-    if not cands:
-        cands = [a for a in ALGORITHMS[op] if valid(op, a, cluster)]
-    times = {a: _primitive(cluster, profile, op, a, nbytes, cache, use_symmetry=use_symmetry).seconds
-             for a in cands}
-    best = min(cands, key=lambda a: (times[a], cands.index(a)))
-    return best, times
+    return cands or [a for a in ALGORITHMS[op] if valid(op, a, cluster)]
+
+
+def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False) -> Choice:
+    cands = candidates(cluster, profile, op)
+    if exact or len(cands) == 1:
+        times = {a: _primitive(cluster, profile, op, a, nbytes, cache, exact=exact).seconds for a in cands}
+        return Choice(_fastest(cands, times), times)
+    bounds = {a: bound(cluster, profile, op, a, nbytes) for a in cands}
+    order = sorted(cands, key=lambda a: (bounds[a]["seconds"], cands.index(a)))
+    times: dict[str, float] = {}
+    pruned: dict[str, dict] = {}
+    best, best_t = None, math.inf
+    for a in order:
+        b = bounds[a]
+        if b["seconds"] > best_t * (1 + 2 * _TIE):
+            what = "latency chain" if b["chain"] >= b["bytes"] else "bytes over the bottleneck link"
+            pruned[a] = {"lower_bound": b["seconds"], "chain": b["chain"], "bytes": b["bytes"],
+                         "reason": f"lower bound {format_time(b['seconds'])} ({what}) > {best} simulated "
+                                   f"{format_time(best_t)}"}
+            continue
+        times[a] = _primitive(cluster, profile, op, a, nbytes, cache).seconds
+        if times[a] < best_t:
+            best, best_t = a, times[a]
+    times = {a: times[a] for a in cands if a in times}
+    return Choice(_fastest(list(times), times), times, pruned)
+
+
+def _fastest(cands: list[str], times: dict) -> str:
+    """The fastest candidate; among those within _TIE of it, the first in the backend's order."""
+    t = min(times.values())
+    return next(a for a in cands if times[a] <= t * (1 + _TIE))
+
+
+def best_algorithm(cluster, profile, op, nbytes, cache=None, use_symmetry=True, exact: bool = False):
+    """(algorithm, {candidate: seconds}) of the fastest algorithm the profile offers for `op` (the pruned
+    candidates are left out; `choose` says which and why)."""
+    c = choose(cluster, profile, op, nbytes, cache, exact=exact or not use_symmetry)
+    return c.algorithm, c.seconds

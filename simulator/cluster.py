@@ -126,6 +126,14 @@ class Cluster:
         links.append(("down", nd))
         return links, self.latency
 
+    def hop(self, src: int, dst: int) -> str:
+        """The kind of path from src to dst: "intra" (inside a node), "inter" (between nodes of one switch
+        or leaf), "cross" (between leaves)."""
+        ns, nd = self.node_of(src), self.node_of(dst)
+        if ns == nd:
+            return "intra"
+        return "cross" if self.leaf_of(ns) != self.leaf_of(nd) else "inter"
+
     def symmetry_unit(self) -> int:
         """Smallest rank translation that maps the topology onto itself (one node; one leaf for
         leaf-spine, whose leaves must move as wholes)."""

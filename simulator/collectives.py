@@ -23,7 +23,7 @@ import time
 
 from lioncub import wire
 
-from .choose import best_algorithm
+from .choose import best_algorithm, choose
 from .cluster import Cluster
 from .profiles import BackendProfile, get_profile
 from .ranks import Rank, Sim
@@ -72,6 +72,7 @@ def simulate_collective(
     timeline: bool = False,
     *,
     levels: int | None = None,
+    exact: bool = False,
     use_symmetry: bool = True,
     cache: Cache | None = None,
 ) -> CollectiveResult:
@@ -85,13 +86,16 @@ def simulate_collective(
     backend: "nccl", "gloo", "ideal" or a BackendProfile.
     timeline: also return every rank's send/recv/reduce intervals.
     levels: l1-pbit's number of levels (default: lioncub's default for the world size).
-    use_symmetry: simulate representative ranks only where the symmetry allows (same result, faster).
+    exact: simulate every rank and every message, and with "auto" every candidate (for checking the fast
+        path: representative ranks where a symmetry allows, classes of ranks that behave alike, and
+        candidates pruned by a lower bound). `use_symmetry=False` is the same as `exact=True`.
     """
+    exact = exact or not use_symmetry
     nbytes, profile, spec = _check_inputs(cluster, op, algorithm, size_bytes, backend)
     cache = cache if cache is not None else Cache()
     if op in PRIMITIVES:
-        return _simulate_primitive(cluster, profile, op, spec, nbytes, cache, timeline, use_symmetry)
-    return _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, use_symmetry, levels)
+        return _simulate_primitive(cluster, profile, op, spec, nbytes, cache, timeline, exact)
+    return _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, exact, levels)
 
 
 def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, BackendProfile, dict | str]:
@@ -112,18 +116,18 @@ def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, B
     return nbytes, profile, spec
 
 
-def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, use_symmetry) -> CollectiveResult:
+def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact) -> CollectiveResult:
     """One primitive: the named algorithm, or with "auto" the fastest candidate (its result, with the
-    candidates' times)."""
+    times of the candidates simulated and the bounds of those pruned)."""
     if alg != "auto":
         check_algorithm(op, alg, cluster)
-        return _primitive(cluster, profile, op, alg, nbytes, cache, timeline, use_symmetry)
-    best, times = best_algorithm(cluster, profile, op, nbytes, cache, use_symmetry)
-    res = _primitive(cluster, profile, op, best, nbytes, None if timeline else cache, timeline, use_symmetry)
-    return dataclasses.replace(res, candidates=times)  # the cached object stays as it was
+        return _primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact)
+    c = choose(cluster, profile, op, nbytes, cache, exact)
+    res = _primitive(cluster, profile, op, c.algorithm, nbytes, None if timeline else cache, timeline, exact)
+    return dataclasses.replace(res, candidates=c.seconds, pruned=c.pruned)  # the cached object stays as it was
 
 
-def _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, use_symmetry, levels):
+def _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, exact, levels):
     """A lioncub composite: each collective it issues, one after the other (each starts on an idle
     network); the parts add up."""
     t_wall = time.perf_counter()
@@ -138,20 +142,23 @@ def _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, use
     names = []
     for c in colls:
         want = spec.get(c.op, "auto") if isinstance(spec, dict) else spec
+        pruned = None
         if want == "auto":
-            alg, times = best_algorithm(cluster, profile, c.op, c.nbytes, cache, use_symmetry)
+            choice = choose(cluster, profile, c.op, c.nbytes, cache, exact)
+            alg, times, pruned = choice.algorithm, choice.seconds, choice.pruned
         else:
             check_algorithm(c.op, want, cluster)
             alg, times = want, None
-        part = _primitive(cluster, profile, c.op, alg, c.nbytes, cache, timeline, use_symmetry)
-        _add_part(total, c, alg, times, part)
+        part = _primitive(cluster, profile, c.op, alg, c.nbytes, cache, timeline, exact)
+        _add_part(total, c, alg, times, part, pruned)
         names.append(f"{c.op}:{alg}")
     total.algorithm = "+".join(names) or "none"
     total.wall_seconds = time.perf_counter() - t_wall
     return total
 
 
-def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part: CollectiveResult) -> None:
+def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part: CollectiveResult,
+              pruned: dict | None) -> None:
     """Append one issued collective to a composite's result (its timeline shifted to where it starts)."""
     if total.timeline is not None:
         for r, evs in part.timeline.items():
@@ -159,7 +166,7 @@ def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part
                                   for k, t0, t1, peer, b in evs]
     total.parts.append({"op": c.op, "algorithm": alg, "dtype": c.dtype, "size_bytes": c.nbytes,
                         "seconds": part.seconds, "bytes_sent_per_rank": part.bytes_sent_per_rank,
-                        "candidates": times})
+                        "candidates": times, "pruned": pruned or None})
     total.seconds += part.seconds
     total.bytes_sent_per_rank += part.bytes_sent_per_rank
     total.bytes_received_per_rank += part.bytes_received_per_rank

@@ -77,13 +77,14 @@ class FlowClass:
 
 
 class Connection:
-    __slots__ = ("key", "cls", "queue", "active")
+    __slots__ = ("key", "cls", "queue", "active", "latency")
 
-    def __init__(self, key, cls):
+    def __init__(self, key, cls, latency):
         self.key = key
         self.cls = cls
         self.queue: deque[Message] = deque()
         self.active = False
+        self.latency = latency
 
 
 class Network:
@@ -93,8 +94,10 @@ class Network:
     (created by the caller so that a receiver can wait on it before the send is issued).
     """
 
-    def __init__(self, env: simpy.Environment, cluster: Cluster, profile: BackendProfile, canonical=None):
+    def __init__(self, env: simpy.Environment, cluster: Cluster, profile: BackendProfile, canonical=None,
+                 rendezvous: bool = False):
         self.env = env
+        self.rendezvous = rendezvous
         self.cluster = cluster
         self.profile = profile
         self.canonical = canonical or (lambda link: link)
@@ -119,7 +122,7 @@ class Network:
         conn = self.conns.get((src, dst, family))
         if conn is None:
             conn = self._connect(src, dst, family)
-        msg = Message(self.env, float(nbytes), self.cluster.path(src, dst)[1], delivered)
+        msg = Message(self.env, float(nbytes), conn.latency, delivered)
         msg.conn = conn
         o = self.profile.message_overhead
         if o > 0:
@@ -131,6 +134,21 @@ class Network:
         else:
             self._enqueue(msg)
         return msg
+
+    def lone(self, src: int, dst: int, family: str) -> tuple[float, float]:
+        """(seconds per payload byte, latency) of a connection src -> dst alone on the network, by the same
+        allocation as always (no burst credit)."""
+        conn = self.conns.get((src, dst, family)) or self._connect(src, dst, family)
+        cls = conn.cls
+        probe = FlowClass(cls.links, cls.weight, cls.cap)
+        probe.count = 1
+        allocate([probe], self.capacity)
+        return 1.0 / probe.rate, conn.latency
+
+    def resync(self) -> None:
+        """The caller fast-forwarded an idle network through repeating segments (Rank.fast_forward): its
+        state (burst credit) is what it was; do not count the skipped time as idle time."""
+        self._last = self.env.now
 
     # ---- connections --------------------------------------------------------------------------------
     def _connect(self, src, dst, family) -> Connection:
@@ -160,7 +178,7 @@ class Network:
         cls = self.classes.get(sig)
         if cls is None:
             cls = self.classes[sig] = FlowClass(list(sig[0]), sig[1], cap)
-        conn = Connection((src, dst, family), cls)
+        conn = Connection((src, dst, family), cls, latency)
         self.conns[conn.key] = conn
         return conn
 
@@ -179,7 +197,12 @@ class Network:
                 self.active.append(cls)
             cls.count += 1
             self._push(conn, cls.served + msg.size)
-            self._mark_dirty()
+            if len(self.active) == 1 and cls.count == 1 and not self._dirty:
+                # the network was idle: nothing to coalesce with yet (another change at this instant
+                # marks it dirty and reallocates again)
+                self._reallocate()
+            else:
+                self._mark_dirty()
 
     # ---- rates --------------------------------------------------------------------------------------
     def _advance(self) -> None:
@@ -270,7 +293,6 @@ class Network:
             if not self._has_tokens(link) or (drain > 0 and tb[0] - self._token_floor(link) <= drain * 1e-9):
                 tb[0] = min(tb[0], self._token_floor(link))
                 stopped = True
-        env = self.env
         for c in self.active:
             # a head message is done when what is left would take < 1 ps (float round-off)
             tol = max(1e-6, c.rate * 1e-12, abs(c.served) * 1e-13)
@@ -278,11 +300,8 @@ class Network:
             while heap and heap[0][0] - c.served <= tol:
                 target, _, conn = heapq.heappop(heap)
                 msg = conn.queue.popleft()
-                msg.sent.succeed()
-                if msg.latency > 0:
-                    env.timeout(msg.latency).callbacks.append(lambda _ev, d=msg.delivered: d.succeed())
-                else:
-                    msg.delivered.succeed()
+                self._sent(msg.sent)
+                self._deliver(msg)
                 if conn.queue:  # the next message starts where this one ended
                     self._push(conn, target + conn.queue[0].size)
                 else:
@@ -291,9 +310,32 @@ class Network:
                     stopped = True
         if stopped:
             self.active = [c for c in self.active if c.count > 0]
-            self._mark_dirty()
+            if self._dirty:  # a reallocation is already due at this instant
+                self._gen += 1
+            else:
+                self._reallocate()
         else:
             self._schedule()
+
+    def _sent(self, ev: simpy.Event) -> None:
+        """A message's last byte has left. Nobody waiting on it yet (a rank's pending sends, checked at its
+        flush): mark it processed at once instead of scheduling it (same effect, one event less)."""
+        if ev.callbacks:
+            ev.succeed()
+        else:
+            ev._ok, ev._value, ev.callbacks = True, None, None
+
+    def _deliver(self, msg: Message) -> None:
+        """Its last byte arrives `latency` after it left: schedule the receiver's event for then (one event;
+        with rendezvous it is triggered only on arrival, since senders test whether a notice has come)."""
+        d = msg.delivered
+        if msg.latency <= 0:
+            d.succeed()
+        elif self.rendezvous:
+            self.env.timeout(msg.latency).callbacks.append(lambda _ev: d.succeed())
+        else:
+            d._ok, d._value = True, None
+            self.env.schedule(d, simpy.events.NORMAL, msg.latency)
 
 
 def allocate(classes: list[FlowClass], capacity: dict) -> None:

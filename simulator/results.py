@@ -23,7 +23,9 @@ class CollectiveResult:
     seconds: from the call on all ranks until the last rank is done.
     bytes_sent_per_rank / bytes_received_per_rank: payload bytes of the busiest rank.
     parts: for composites, one dict per collective issued (op, algorithm, size_bytes, seconds, ...).
-    candidates: with algorithm "auto", the simulated seconds of every algorithm tried.
+    candidates: with algorithm "auto", the simulated seconds of every algorithm simulated.
+    pruned: with algorithm "auto", the candidates not simulated because a lower bound from the same
+        mechanisms shows they cannot win: {algorithm: {lower_bound, chain, bytes, reason}}.
     timeline: if asked for, {rank: [(kind, start, end, peer, bytes), ...]} with kind send/recv/reduce.
     """
 
@@ -37,6 +39,7 @@ class CollectiveResult:
     bytes_received_per_rank: float
     parts: list[dict] = field(default_factory=list)
     candidates: dict[str, float] | None = None
+    pruned: dict[str, dict] | None = None
     timeline: dict[int, list[tuple]] | None = None
     messages: int = 0
     simulated_ranks: int = 0
@@ -67,6 +70,7 @@ class CollectiveResult:
             "busbw_bytes_per_s": self.busbw if self.seconds > 0 else None,
             "parts": self.parts,
             "candidates": self.candidates,
+            "pruned": self.pruned,
             "messages": self.messages,
             "simulated_ranks": self.simulated_ranks,
         }

@@ -23,6 +23,9 @@ def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps:
     i = members.index(ctx.r)
     nxt, prv = members[(i + 1) % q], members[(i - 1) % q]
     parts = ctx.slices(chunk)
+    if len(parts) == 1:
+        yield from _ring_steps(ctx, nxt, prv, parts[0], steps, reduce_steps, label)
+        return
     for j, s in enumerate(parts):
         ctx.send(nxt, s, (label, 0, j))
     for k in range(steps):
@@ -32,6 +35,26 @@ def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps:
                 yield from ctx.reduce(s)
             if k + 1 < steps:
                 ctx.send(nxt, s, (label, k + 1, j))
+
+
+def _ring_steps(ctx: Rank, nxt: int, prv: int, s: float, steps: int, reduce_steps: int, label):
+    """The ring with one message per step: receive step k, reduce it (k < reduce_steps), send step k+1.
+    Segment k runs from the receipt of step k-1 to that of step k: reduce k-1 (if k-1 < reduce_steps),
+    send k, receive k; segments of one kind are alike, and may be fast-forwarded."""
+    ctx.send(nxt, s, (label, 0, 0))
+    k = 0
+    while True:
+        yield ctx.recv(prv, (label, k, 0), s)
+        if k >= 1:
+            reducing = k - 1 < reduce_steps
+            ahead = min(reduce_steps - k, steps - 1 - k) if reducing else steps - 1 - k
+            k += yield from ctx.fast_forward(reducing, ahead)
+        if k < reduce_steps:
+            yield from ctx.reduce(s)
+        if k + 1 >= steps:
+            return
+        ctx.send(nxt, s, (label, k + 1, 0))
+        k += 1
 
 
 def allreduce_ring(ctx, n):

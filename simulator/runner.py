@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import time
 
+from . import tree_classes
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS, RENDEZVOUS_FORMS, entry_order_matters, symmetry_kind
 from .results import CollectiveResult
 from .symmetry import Symmetry
 
 
-def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmetry=True) -> CollectiveResult:
+def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, exact=False) -> CollectiveResult:
+    """Simulate op/alg once. exact: every rank, every message (no representative ranks)."""
     t_wall = time.perf_counter()
     p = cluster.ranks
     if p == 1:
@@ -23,20 +25,22 @@ def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, use_symmet
         # another (every rank simulated), the others with all entering together.
         f = profile.rendezvous_stagger if entry_order_matters(op, alg, p) else 0.0
         together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
-                                   use_symmetry=use_symmetry)
+                                   exact=exact)
         if f > 0:
             apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True)
             together.seconds = (1 - f) * together.seconds + f * apart.seconds
         together.wall_seconds = time.perf_counter() - t_wall
         return together
-    res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline,
-                    use_symmetry=use_symmetry)
+    if alg == "binomial-tree" and not (exact or timeline) and tree_classes.applies(cluster, profile, op):
+        res = tree_classes.run(cluster, profile, op, nbytes)
+    else:
+        res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline, exact=exact)
     res.wall_seconds = time.perf_counter() - t_wall
     return res
 
 
 def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline: bool = False,
-                    use_symmetry: bool = True) -> CollectiveResult:
+                    exact: bool = False) -> CollectiveResult:
     """The rendezvous form of op/alg. Together: every rank enters at once (representative ranks only, as
     the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
     the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
@@ -44,16 +48,16 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
     lat = max(cluster.latency, cluster.intra_latency)
     gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
     return _run_once(cluster, profile, op, alg, nbytes, RENDEZVOUS_FORMS[op, alg], rendezvous=True, gap=gap,
-                     timeline=timeline, use_symmetry=use_symmetry and not staggered)
+                     timeline=timeline, exact=exact or staggered)
 
 
 def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, gap: float = 0.0,
-              timeline: bool = False, use_symmetry: bool = True) -> CollectiveResult:
+              timeline: bool = False, exact: bool = False) -> CollectiveResult:
     """Simulate one call of fn on every (representative) rank, rank r entering at r * gap."""
     p = cluster.ranks
-    kind = symmetry_kind(op, alg, p) if use_symmetry else None
+    kind = None if exact else symmetry_kind(op, alg, p)
     sym = Symmetry.choose(cluster, kind)
-    sim = Sim(cluster, profile, sym, timeline, rendezvous=rendezvous)
+    sim = Sim(cluster, profile, sym, timeline, rendezvous=rendezvous, fast=not exact)
     ranks = [Rank(sim, r, op) for r in sym.reps]
     start = {}
 
@@ -112,9 +116,10 @@ class Cache:
         return (cluster, pk[1], op, alg, float(nbytes))
 
 
-def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, use_symmetry=True):
-    if cache is None or timeline or not use_symmetry:
-        return _run_primitive(cluster, profile, op, alg, nbytes, timeline, use_symmetry)
+def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False):
+    """op/alg simulated, or from the cache (exact runs and timelines are not cached)."""
+    if cache is None or timeline or exact:
+        return _run_primitive(cluster, profile, op, alg, nbytes, timeline, exact)
     k = cache.key(cluster, profile, op, alg, nbytes)
     if k not in cache.results:
         cache.results[k] = _run_primitive(cluster, profile, op, alg, nbytes)

@@ -1,0 +1,234 @@
+"""Binomial trees by classes of ranks: the same SimPy model, simulated once per class of ranks that behave
+alike instead of once per rank.
+
+A binomial tree has no symmetry to exploit (no two subtrees of a rank have the same shape), but it
+decomposes. Rank r's subtree is fixed by its *shape*: the lowest set bit j of r and its size
+min(2^j, p - r). When every link carries the flows of one rank's children only (one GPU per node, or
+a power-of-two GPUs per node, where only a node's first rank talks to other nodes; the same for
+leaves), then:
+
+* **reduce** (bottom-up): what a rank sends its parent, and when, depends only on its subtree: its
+  children's sends compete on its down links, nothing else does. One sub-simulation per shape runs the
+  rank's real program (`trees._tree_reduce`) on its real links, with each child replaying the sends its
+  own shape's sub-simulation recorded (the child's message overhead and up link simulated here). The
+  rank's sends to its parent are recorded, not sent: the parent's sub-simulation sends them.
+* **broadcast** (top-down): what a rank does depends only on its subtree and on when the slices reach
+  it from its parent. One sub-simulation per class (shape, arrival times of the slices relative to the
+  first): the rank's real program (`trees._tree_broadcast`) with its parent's messages delivered at
+  those times, its sends to its children on their real links; the arrival times at each child give the
+  child's class. Subtrees whose arrivals differ only by a shift in time are one class, shifted.
+
+An allreduce is reduce then broadcast: no broadcast slice reaches a rank before the root has the whole
+sum, and by then every reduce message has arrived, so the broadcast starts on an idle network (except
+for burst credit, whose state carries over: the fast path needs link_burst = 0 for the allreduce).
+
+The number of sub-simulations grows with the depth of the tree (a few per level), not with the ranks,
+and each one moves its rank's own slices only. `exact=True` in simulate_collective simulates every
+rank instead; tests check both agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cluster import Cluster
+from .profiles import BackendProfile
+from .ranks import Rank, Sim
+from .results import CollectiveResult
+from .symmetry import Symmetry, pow2
+from .trees import _binomial, _tree_broadcast, _tree_reduce
+
+# Two arrival trains are one class when they agree to this fraction of their span (float round-off in
+# times some seconds from the start, shifted differently, differs in the last digits).
+_SAME = 1e-10
+
+
+def applies(cluster: Cluster, profile: BackendProfile, op: str) -> bool:
+    """Whether every link carries the tree flows of one rank's children only (and, for the allreduce, no
+    burst credit carries over from the reduce to the broadcast)."""
+    if op == "allreduce" and profile.link_burst > 0:
+        return False
+    g = cluster.gpus_per_node
+    if cluster.nodes > 1 and not pow2(g):
+        return False
+    if cluster.topology == "leaf-spine" and cluster.leaves > 1 and not pow2(g * cluster.nodes_per_leaf):
+        return False
+    return cluster.ranks > 1
+
+
+def _shape(r: int, p: int) -> tuple[int, int]:
+    if r == 0:
+        return (p - 1).bit_length(), p
+    j = (r & -r).bit_length() - 1
+    return j, min(1 << j, p - r)
+
+
+class _NotSent:
+    """What a send to a rank outside the sub-simulation returns: it is sent in the parent's."""
+
+    __slots__ = ("sent",)
+
+    def __init__(self):
+        self.sent = None
+
+
+class _ClassRank(Rank):
+    """The representative of a class: sends to `outside` are recorded (time, bytes, tag), not sent;
+    `arrivals` gets the arrival times of its messages to each peer."""
+
+    def __init__(self, sim: Sim, r: int, family: str, outside=()):
+        super().__init__(sim, r, family)
+        self.outside = set(outside)
+        self.offered: list[tuple] = []
+        self.arrivals: dict[int, list[float]] = {}
+
+    def send(self, dst, nbytes, tag):
+        if dst in self.outside:
+            self.offered.append((self.env.now, nbytes, tag))
+            self.bytes_sent += nbytes
+            return _NotSent()
+        msg = super().send(dst, nbytes, tag)
+        times = self.arrivals.setdefault(dst, [])
+        self.sim.mailbox[(self.r, dst, tag)].callbacks.append(lambda _ev: times.append(self.env.now))
+        return msg
+
+
+@dataclass
+class _Reduce:
+    offered: list  # (time, bytes, tag) of the rank's sends to its parent
+    end: float  # when its program left the reduce loop
+    bytes_sent: float
+    bytes_received: float
+    subtree_finish: float  # latest finish (last send left) of the ranks below it
+    sims: int = 1
+
+
+@dataclass
+class _Broadcast:
+    finish: float  # relative to the first arrival (the root: absolute)
+    subtree_finish: float  # latest finish in its subtree, same origin
+    bytes_sent: float
+    bytes_received: float
+    sims: int = 1
+
+
+@dataclass
+class TreeRun:
+    cluster: Cluster
+    profile: BackendProfile
+    op: str
+    nbytes: float
+    reduce_memo: dict = field(default_factory=dict)
+    bcast_memo: dict = field(default_factory=dict)  # shape -> [(arrival train, _Broadcast)]
+    max_sent: float = 0.0
+    max_received: float = 0.0
+
+    def _sim(self) -> Sim:
+        return Sim(self.cluster, self.profile, Symmetry.full(self.cluster), timeline=False)
+
+    # ---- reduce: one sub-simulation per shape, bottom-up ------------------------------------------------
+    def reduce(self, r: int) -> _Reduce:
+        p = self.cluster.ranks
+        key = _shape(r, p)
+        got = self.reduce_memo.get(key)
+        if got is not None:
+            return got
+        parent, children = _binomial(r, p)
+        kids = [(c, self.reduce(c)) for c in children]
+        sim = self._sim()
+        env, co = sim.env, self.profile.call_overhead
+        ctx = _ClassRank(sim, r, self.op, outside=() if parent is None else (parent,))
+        last_sent: dict[int, float] = {}
+
+        def replay(c, info):
+            cctx = Rank(sim, c, self.op)
+            for t, nb, tag in info.offered:
+                if t > env.now:
+                    yield env.timeout(t - env.now)
+                msg = cctx.send(r, nb, tag)
+                msg.sent.callbacks.append(lambda _ev, c=c: last_sent.__setitem__(c, env.now))
+
+        end = []
+
+        def main():
+            if co > 0:
+                yield env.timeout(co)
+            yield from _tree_reduce(ctx, self.nbytes, "reduce")
+            end.append(env.now)
+
+        for c, info in kids:
+            env.process(replay(c, info))
+        env.process(main())
+        env.run()
+        sub = max((max(info.end, last_sent[c], info.subtree_finish) for c, info in kids), default=0.0)
+        got = _Reduce(ctx.offered, end[0], ctx.bytes_sent, ctx.bytes_received, sub,
+                      1 + sum(info.sims for _, info in kids))
+        self.reduce_memo[key] = got
+        return got
+
+    # ---- broadcast: one sub-simulation per (shape, arrival times), top-down ------------------------------
+    def broadcast(self, r: int, train: tuple | None, start: float = 0.0) -> _Broadcast:
+        p = self.cluster.ranks
+        shape = _shape(r, p)
+        known = self.bcast_memo.setdefault(shape, [])
+        if train is not None:
+            tol = _SAME * (train[-1] + 1e-6)
+            for other, got in known:
+                if len(other) == len(train) and all(abs(a - b) <= tol for a, b in zip(other, train)):
+                    return got
+        parent, children = _binomial(r, p)
+        sim = self._sim()
+        env = sim.env
+        ctx = _ClassRank(sim, r, self.op)
+        if self.op == "allreduce":  # the counters go on from the reduce
+            red = self.reduce_memo[_shape(r, p)]
+            ctx.bytes_sent, ctx.bytes_received = red.bytes_sent, red.bytes_received
+        if parent is not None:
+            for j, t in enumerate(train):
+                ev = ctx._box((parent, r, ("bcast", j)))
+                env.timeout(t).callbacks.append(lambda _ev, ev=ev: ev.succeed())
+        finish = []
+
+        def main():
+            if start > 0:
+                yield env.timeout(start)
+            yield from _tree_broadcast(ctx, self.nbytes, "bcast")
+            finish.append(env.now)
+
+        env.process(main())
+        env.run()
+        sub, sims = finish[0], 1
+        for c in children:
+            times = ctx.arrivals[c]
+            t0 = times[0]
+            info = self.broadcast(c, tuple(t - t0 for t in times))
+            sub = max(sub, t0 + info.subtree_finish)
+            sims += info.sims
+        got = _Broadcast(finish[0], sub, ctx.bytes_sent, ctx.bytes_received, sims)
+        known.append((train, got))
+        return got
+
+
+def run(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> CollectiveResult:
+    """op ("allreduce", "reduce", "broadcast") by the binomial tree, one sub-simulation per class."""
+    p = cluster.ranks
+    t = TreeRun(cluster, profile, op, nbytes)
+    slices = len(Rank(t._sim(), 0, op).slices(nbytes))
+    if op == "broadcast":
+        root = t.broadcast(0, None, start=profile.call_overhead)
+        seconds, msgs = root.subtree_finish, slices * (p - 1)
+        per_rank = [b for known in t.bcast_memo.values() for _, b in known]
+    elif op == "reduce":
+        root = t.reduce(0)
+        seconds, msgs = max(root.end, root.subtree_finish), slices * (p - 1)
+        per_rank = t.reduce_memo.values()
+    else:
+        t.reduce(0)
+        root = t.broadcast(0, None, start=t.reduce_memo[_shape(0, p)].end)
+        seconds, msgs = root.subtree_finish, 2 * slices * (p - 1)
+        per_rank = [b for known in t.bcast_memo.values() for _, b in known]
+    res = CollectiveResult(op, "binomial-tree", profile.name, p, nbytes, seconds,
+                           max(x.bytes_sent for x in per_rank), max(x.bytes_received for x in per_rank))
+    res.messages = msgs
+    res.simulated_ranks = len(per_rank) + (len(t.reduce_memo) if op == "allreduce" else 0)
+    return res
