@@ -13,15 +13,15 @@ def alltoall_pairwise(ctx, n):
     while k < p:
         yield from ctx.sendrecv((r + k) % p, (r - k) % p, n / p, ("a2a", k))
         if ctx.sim.fast:
-            this = kind(k)
+            this = ("a2a", *kind(k))
 
             def ahead(k=k, this=this):
                 m = 0
-                while k + m + 1 < p and kind(k + m + 1) == this:
+                while k + m + 1 < p and ("a2a", *kind(k + m + 1)) == this:
                     m += 1
                 return m
 
-            k += yield from ctx.fast_forward(this, ahead)
+            k += ctx.fast_forward(this, ahead)
         k += 1
 
 

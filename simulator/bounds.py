@@ -204,12 +204,9 @@ def tree_broadcast(h: Hops, n: float) -> float:
     c = h.cluster
     p = c.ranks
     children = [1 << i for i in range((p - 1).bit_length()) if (1 << i) < p]
-    t = 0.0
-    for s in _slices(h.profile, n):
-        for ch in children:
-            kind = h.kind(0, ch)
-            t += h.o + s / h._rate[kind]
-    return t + h._lat[h.kind(0, children[0])]
+    parts = _slices(h.profile, n)  # equal slices
+    per_slice = sum(h.o + parts[0] / h._rate[h.kind(0, ch)] for ch in children)
+    return len(parts) * per_slice + h._lat[h.kind(0, children[0])]
 
 
 def _rounds(h: Hops, sizes: list[float], reduce: bool, latency: bool = True) -> float:

@@ -38,7 +38,7 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False) -> Cho
     if exact or len(cands) == 1:
         times = {a: _primitive(cluster, profile, op, a, nbytes, cache, exact=exact).seconds for a in cands}
         return Choice(_fastest(cands, times), times)
-    bounds = {a: bound(cluster, profile, op, a, nbytes) for a in cands}
+    bounds = {a: _bound(cluster, profile, op, a, nbytes, cache) for a in cands}
     order = sorted(cands, key=lambda a: (bounds[a]["seconds"], cands.index(a)))
     times: dict[str, float] = {}
     pruned: dict[str, dict] = {}
@@ -56,6 +56,16 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False) -> Cho
             best, best_t = a, times[a]
     times = {a: times[a] for a in cands if a in times}
     return Choice(_fastest(list(times), times), times, pruned)
+
+
+def _bound(cluster, profile, op, alg, nbytes, cache) -> dict:
+    if cache is None:
+        return bound(cluster, profile, op, alg, nbytes)
+    key = cache.key(cluster, profile, op, alg, nbytes)
+    got = cache.bounds.get(key)
+    if got is None:
+        got = cache.bounds[key] = bound(cluster, profile, op, alg, nbytes)
+    return got
 
 
 def _fastest(cands: list[str], times: dict) -> str:

@@ -51,7 +51,7 @@ BURST_SPEEDUP = 1000.0  # a port's capacity while it holds burst tokens, in line
 
 
 class Message:
-    __slots__ = ("size", "latency", "sent", "delivered", "conn")
+    __slots__ = ("size", "latency", "sent", "delivered", "conn", "tag")
 
     def __init__(self, env, size, latency, delivered):
         self.size = size
@@ -59,6 +59,7 @@ class Message:
         self.sent = env.event()  # last byte has left the sender
         self.delivered = delivered  # last byte has arrived at the receiver
         self.conn = None
+        self.tag = None  # the sender's tag (steady.py relates it to the program's segments)
 
 
 class FlowClass:
@@ -116,21 +117,32 @@ class Network:
         self._gen = 0
         self._seq = 0
         self.reallocations = 0
+        self._lone: dict = {}
 
     # ---- public -------------------------------------------------------------------------------------
-    def submit(self, src: int, dst: int, nbytes: float, family: str, delivered: simpy.Event) -> Message:
+    def submit(self, src: int, dst: int, nbytes: float, family: str, delivered: simpy.Event,
+               at: float | None = None) -> Message:
+        """Hand a message to src's communication thread now (or at time `at`, for replaying a rank's sends
+        whose times are known)."""
         conn = self.conns.get((src, dst, family))
         if conn is None:
             conn = self._connect(src, dst, family)
         msg = Message(self.env, float(nbytes), conn.latency, delivered)
         msg.conn = conn
         o = self.profile.message_overhead
+        now = self.env.now
+        t = now if at is None else max(at, now)
         if o > 0:
             # the sender's communication thread spends o per message, one message after another (LogGP)
-            now = self.env.now
-            ready = max(now, self._cpu_free.get(src, 0.0)) + o
+            ready = max(t, self._cpu_free.get(src, 0.0)) + o
             self._cpu_free[src] = ready
-            self.env.timeout(ready - now).callbacks.append(lambda _ev, m=msg: self._enqueue(m))
+            ev = self.env.timeout(ready - now)
+            ev.callbacks.append(lambda _ev, m=msg: self._enqueue(m))
+            ev.ff = ("enter", msg)  # what steady.signature sees of it
+        elif t > now:
+            ev = self.env.timeout(t - now)
+            ev.callbacks.append(lambda _ev, m=msg: self._enqueue(m))
+            ev.ff = ("enter", msg)
         else:
             self._enqueue(msg)
         return msg
@@ -138,12 +150,16 @@ class Network:
     def lone(self, src: int, dst: int, family: str) -> tuple[float, float]:
         """(seconds per payload byte, latency) of a connection src -> dst alone on the network, by the same
         allocation as always (no burst credit)."""
-        conn = self.conns.get((src, dst, family)) or self._connect(src, dst, family)
-        cls = conn.cls
-        probe = FlowClass(cls.links, cls.weight, cls.cap)
-        probe.count = 1
-        allocate([probe], self.capacity)
-        return 1.0 / probe.rate, conn.latency
+        key = (src, dst, family)
+        got = self._lone.get(key)
+        if got is None:
+            conn = self.conns.get(key) or self._connect(src, dst, family)
+            cls = conn.cls
+            probe = FlowClass(cls.links, cls.weight, cls.cap)
+            probe.count = 1
+            allocate([probe], self.capacity)
+            got = self._lone[key] = (1.0 / probe.rate, conn.latency)
+        return got
 
     def resync(self) -> None:
         """The caller fast-forwarded an idle network through repeating segments (Rank.fast_forward): its
@@ -263,6 +279,10 @@ class Network:
         self._dirty = False
         self._advance()
         self.reallocations += 1
+        if not self.active:
+            self._usage = {}
+            self._gen += 1
+            return
         if self.tokens:
             allocate(self.active, self._effective_capacity())
             self._measure_usage()
@@ -278,7 +298,9 @@ class Network:
         if self._bursting:
             dt = min(dt, self._token_dt())
         gen = self._gen
-        self.env.timeout(max(dt, 0.0)).callbacks.append(lambda _ev: self._on_timer(gen))
+        ev = self.env.timeout(max(dt, 0.0))
+        ev.callbacks.append(lambda _ev: self._on_timer(gen))
+        ev.ff = ("timer", gen)
 
     def _on_timer(self, gen: int) -> None:
         if gen != self._gen:
@@ -329,6 +351,7 @@ class Network:
         """Its last byte arrives `latency` after it left: schedule the receiver's event for then (one event;
         with rendezvous it is triggered only on arrival, since senders test whether a notice has come)."""
         d = msg.delivered
+        d.ff = ("deliver", msg)
         if msg.latency <= 0:
             d.succeed()
         elif self.rendezvous:
@@ -345,6 +368,16 @@ def allocate(classes: list[FlowClass], capacity: dict) -> None:
     rate * cost over its connections = capacity) or a connection reaches its cap; those connections are
     frozen at that rate and the rest keep rising.
     """
+    if len(classes) == 1:  # the same arithmetic as below, for one class
+        c = classes[0]
+        w = c.weight * c.count
+        level = min(capacity[link] / (w * cost) for link, cost in c.links)
+        level = max(min(level, c.cap / c.weight), 0.0)
+        if c.cap / c.weight <= level * (1 + 1e-9):
+            c.rate = min(c.cap, c.weight * level)
+        else:
+            c.rate = c.weight * level
+        return
     rem: dict = {}
     load: dict = {}
     for c in classes:

@@ -12,6 +12,7 @@ import math
 
 import simpy
 
+from . import steady
 from .cluster import Cluster
 from .network import Network
 from .profiles import BackendProfile
@@ -36,6 +37,7 @@ class Sim:
         # rendezvous: a send waits for the receiver's ready notice (profile.rendezvous); every rank simulated
         self.rendezvous = rendezvous
         self.fast = fast and not timeline and not rendezvous
+        self.solo = False  # only one process sends (a class's sub-simulation)
         self.skipped = 0  # segments fast-forwarded
 
     def quiescent(self) -> bool:
@@ -73,7 +75,7 @@ class Rank:
         self.bytes_received = 0.0
         self.events: list | None = [] if sim.timeline else None
         self.finished = 0.0
-        self._steady = None  # the state at the last fast_forward point
+        self._steady: list = []  # the states at the last fast_forward points
 
     # ---- primitives ---------------------------------------------------------------------------------
     def _box(self, key) -> simpy.Event:
@@ -104,6 +106,7 @@ class Rank:
                 notice.callbacks.append(go)
         else:
             msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
+            msg.tag = tag
         sim.messages += 1
         self.bytes_sent += nbytes
         self.pending.append(msg.sent)
@@ -147,17 +150,50 @@ class Rank:
         m = math.ceil(chunk / s)
         return [chunk / m] * m
 
+    def send_each(self, msgs: list[tuple]):
+        """Send [(dst, nbytes, tag)] one after another, each once the previous one has left (a generator:
+        `yield from ctx.send_each(...)`).
+
+        A *train* in a simulation with one sending process (Sim.solo) on an idle network without burst
+        credit: each message is then alone on the network when it enters, so its times are those of a
+        lone flow (the network's own allocation, per path), and the train costs one event; arrivals are
+        handed to `arrive_at`."""
+        sim, net = self.sim, self.sim.net
+        if not (sim.fast and sim.solo and sim.profile.link_burst == 0 and not net.active and not net._dirty):
+            for dst, nb, tag in msgs:
+                yield self.send(dst, nb, tag).sent
+            return
+        o, now = sim.profile.message_overhead, self.env.now
+        t = now
+        cpu = max(now, net._cpu_free.get(self.r, 0.0))
+        for dst, nb, tag in msgs:
+            per_byte, latency = net.lone(self.r, dst, self.family)
+            cpu = max(t, cpu) + o
+            t = cpu + nb * per_byte
+            self.arrive_at(dst, tag, t + latency)
+            sim.messages += 1
+            self.bytes_sent += nb
+        net._cpu_free[self.r] = cpu
+        if t > now:
+            yield self.env.timeout(t - now)
+
+    def arrive_at(self, dst: int, tag, t: float) -> None:
+        """A train's message to dst arrives at time t."""
+        ev = self._box((self.r, dst, tag))
+        ev._ok, ev._value = True, None
+        self.env.schedule(ev, simpy.events.NORMAL, t - self.env.now)
+
     def exchange(self, sends: list[tuple], recvs: list[tuple]) -> simpy.Event:
         """Post sends [(dst, nbytes, tag)] and receives [(src, tag, nbytes)] all at once, pairwise in
         order (send, then receive); the event of every receive having arrived. Its sends leave one after
         another through the communication thread (message_overhead each).
 
         A *train*: when the simulation is quiescent (Sim.quiescent), one representative rank stands for
-        all (its receives are the images of its own sends), there is no burst credit, and each message
-        would be done before the next one enters (its bytes at the rate it gets alone on its path take
-        less than message_overhead), then no two of them ever share a link and nothing else can start
-        before the last arrives: each message's times are those of a lone flow, computed per kind of
-        path by the network's own allocation, and the train costs one event."""
+        all (its receives are the images of its own sends; every path is of one kind), there is no burst
+        credit, and each message would be done before the next one enters (its bytes at the rate it gets
+        alone on its path take less than message_overhead), then no two of them ever share a link and
+        nothing else can start before the last arrives: each message's times are those of a lone flow
+        (the network's own allocation), and the train costs one event."""
         ev = self._train(sends, recvs)
         if ev is not None:
             return ev
@@ -173,68 +209,67 @@ class Rank:
         if not (sim.fast and sim.sym.unit == 1 and o > 0 and prof.link_burst == 0 and sends
                 and len(sends) == len(recvs) and sim.quiescent()):
             return None
+        # one representative rank (unit 1: one GPU per node, one kind of path between any two ranks)
         r, to_rep = self.r, sim.sym.to_rep
-        if {(r, d, t) for d, _, t in sends} != {(*to_rep(s, r), t) for s, t, _ in recvs}:
-            return None
-        hop = self.cluster.hop
-        lone: dict = {}  # kind of path -> (seconds per byte, latency)
-        for dst, _, _ in sends:
-            kind = hop(r, dst)
-            if kind not in lone:
-                lone[kind] = net.lone(r, dst, self.family)
-        if any(nb * lone[hop(r, d)][0] >= o * (1 - 1e-9) for d, nb, _ in sends):
+        for (dst, _, tag), (src, rtag, _) in zip(sends, recvs):
+            if rtag != tag or to_rep(src, r) != (r, dst):
+                return None
+        per_byte, latency = net.lone(r, sends[0][0], self.family)
+        sizes = {nb for _, nb, _ in sends}
+        if max(sizes) * per_byte >= o * (1 - 1e-9):
             return None
         now = self.env.now
         t = max(now, net._cpu_free.get(r, 0.0))
-        last_sent = last_arrival = now
-        for dst, nb, _ in sends:
-            t += o
-            per_byte, latency = lone[hop(r, dst)]
-            sent = t + nb * per_byte
-            last_sent, last_arrival = max(last_sent, sent), max(last_arrival, sent + latency)
+        if len(sizes) == 1:
+            t += len(sends) * o
+            last_sent = t + sizes.pop() * per_byte
+        else:
+            last_sent = now
+            for _, nb, _ in sends:
+                t += o
+                last_sent = max(last_sent, t + nb * per_byte)
         net._cpu_free[r] = t
         sim.messages += len(sends)
         self.bytes_sent += sum(nb for _, nb, _ in sends)
         self.bytes_received += sum(nb for _, _, nb in recvs)
         self.pending.append(self.env.timeout(last_sent - now))
-        return self.env.timeout(last_arrival - now)
+        return self.env.timeout(last_sent + latency - now)
 
-    def fast_forward(self, kind, ahead):
-        """Called by an algorithm at the end of a *segment* of its program (a step of a ring: the receipt
-        of what it waited for), with the segment's `kind` and how many segments of the same kind follow
-        (the algorithm vouches that their actions are the same: same sizes, same kinds of peers; a
-        callable is asked only when it matters).
+    def fast_forward(self, kind, ahead, tags=None) -> int:
+        """Called by an algorithm at the end of each *segment* of its program (a ring step: the receipt of
+        its last slice), with the segment's `kind` and how many segments of the same kind follow (the
+        algorithm vouches that their actions are the same: same sizes, same kinds of peers; a callable is
+        asked only when it matters), and how its tags relate to the segment (`steady.StepTags(k)`; None if
+        no tag is in flight at segment ends).
 
-        If the whole simulation is quiescent here (Sim.quiescent) and was one segment ago, in the same
-        state (burst credit included) after a segment of the same kind, then every segment ahead of that
-        kind repeats the last one shifted in time: the model is deterministic and does not depend on the
-        absolute time. They are skipped: time advances by their length, this rank's byte counters and the
-        message count by theirs. Returns how many were skipped (a generator: `m = yield from ...`)."""
+        If the whole simulation was in the same state (steady.signature) at the ends of the last two
+        segments, of this kind, as it is now, the segments ahead repeat the last one shifted in time (the
+        model is deterministic and does not depend on the absolute time): they are skipped at once
+        (steady.skip), and this rank's byte counters and the message count move on by theirs. Returns how
+        many segments were skipped."""
         sim = self.sim
         if not sim.fast:
             return 0
-        if not sim.quiescent():
-            self._steady = None
+        sig = steady.signature(sim, tags)
+        if sig is None:
+            self._steady = []
             return 0
-        net = sim.net
-        net._advance()  # burst credit as of now
-        state = (kind, tuple((k, v[0]) for k, v in sorted(net.tokens.items())))
-        now = (self.env.now, self.bytes_sent, self.bytes_received, sim.messages)
-        last, self._steady = self._steady, (state, now)
-        if last is None or last[0] != state:
+        now = self.env.now
+        point = (kind, sig, now, self.bytes_sent, self.bytes_received, sim.messages)
+        hist = self._steady = [*self._steady[-1:], point] if self._steady else [point]
+        if len(hist) < 2 or hist[0][0] != kind or not steady.same(hist[0][1], sig, now):
             return 0
         if callable(ahead):
             ahead = ahead()
         if ahead <= 0:
             return 0
-        (t0, s0, r0, m0), (t1, s1, r1, m1) = last[1], now
-        yield self.env.timeout(ahead * (t1 - t0))
-        net.resync()
-        self.bytes_sent += ahead * (s1 - s0)
-        self.bytes_received += ahead * (r1 - r0)
-        sim.messages += ahead * (m1 - m0)
+        _, _, t0, s0, r0, m0 = hist[0]
+        steady.skip(sim, ahead, now - t0, tags)
+        self.bytes_sent += ahead * (self.bytes_sent - s0)
+        self.bytes_received += ahead * (self.bytes_received - r0)
+        sim.messages += ahead * (sim.messages - m0)
         sim.skipped += ahead
-        self._steady = None
+        self._steady = []
         return ahead
 
     def flush(self):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .ranks import Rank
+from .steady import StepTags
 
 
 def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps: int, label):
@@ -23,38 +24,37 @@ def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps:
     i = members.index(ctx.r)
     nxt, prv = members[(i + 1) % q], members[(i - 1) % q]
     parts = ctx.slices(chunk)
-    if len(parts) == 1:
-        yield from _ring_steps(ctx, nxt, prv, parts[0], steps, reduce_steps, label)
-        return
+    last = len(parts) - 1
     for j, s in enumerate(parts):
         ctx.send(nxt, s, (label, 0, j))
-    for k in range(steps):
+    k = 0
+    while k < steps:
         for j, s in enumerate(parts):
             yield ctx.recv(prv, (label, k, j), s)
+            if j == last and k >= 1:
+                # the end of segment k (since the receipt of step k-1's last slice): steps alike in what
+                # they reduce and send may be fast-forwarded
+                kind = (label, *_step_kind(k, steps, reduce_steps, last))
+                k += ctx.fast_forward(kind, lambda k=k, kind=kind: _alike_ahead(k, steps, reduce_steps, last, kind),
+                                      StepTags(k))
             if k < reduce_steps:
                 yield from ctx.reduce(s)
             if k + 1 < steps:
                 ctx.send(nxt, s, (label, k + 1, j))
-
-
-def _ring_steps(ctx: Rank, nxt: int, prv: int, s: float, steps: int, reduce_steps: int, label):
-    """The ring with one message per step: receive step k, reduce it (k < reduce_steps), send step k+1.
-    Segment k runs from the receipt of step k-1 to that of step k: reduce k-1 (if k-1 < reduce_steps),
-    send k, receive k; segments of one kind are alike, and may be fast-forwarded."""
-    ctx.send(nxt, s, (label, 0, 0))
-    k = 0
-    while True:
-        yield ctx.recv(prv, (label, k, 0), s)
-        if k >= 1:
-            reducing = k - 1 < reduce_steps
-            ahead = min(reduce_steps - k, steps - 1 - k) if reducing else steps - 1 - k
-            k += yield from ctx.fast_forward(reducing, ahead)
-        if k < reduce_steps:
-            yield from ctx.reduce(s)
-        if k + 1 >= steps:
-            return
-        ctx.send(nxt, s, (label, k + 1, 0))
         k += 1
+
+
+def _step_kind(k: int, steps: int, reduce_steps: int, last: int) -> tuple:
+    """What segment k does: reduce step k-1's last slice, reduce step k's slices, send step k+1's
+    (slices but the last; with one slice, send step k)."""
+    return (k - 1 < reduce_steps, last > 0 and k < reduce_steps, k + 1 < steps if last > 0 else k < steps)
+
+
+def _alike_ahead(k: int, steps: int, reduce_steps: int, last: int, kind: tuple) -> int:
+    m = 0
+    while k + m + 1 < steps and _step_kind(k + m + 1, steps, reduce_steps, last) == kind[1:]:
+        m += 1
+    return m
 
 
 def allreduce_ring(ctx, n):

@@ -104,6 +104,7 @@ class Cache:
 
     def __init__(self):
         self.results: dict = {}
+        self.bounds: dict = {}  # auto's lower bounds (choose.py)
         self._profiles: dict = {}
 
     def key(self, cluster, profile, op, alg, nbytes):

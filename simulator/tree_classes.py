@@ -92,6 +92,9 @@ class _ClassRank(Rank):
         self.sim.mailbox[(self.r, dst, tag)].callbacks.append(lambda _ev: times.append(self.env.now))
         return msg
 
+    def arrive_at(self, dst, tag, t):
+        self.arrivals.setdefault(dst, []).append(t)
+
 
 @dataclass
 class _Reduce:
@@ -139,15 +142,10 @@ class TreeRun:
         env, co = sim.env, self.profile.call_overhead
         ctx = _ClassRank(sim, r, self.op, outside=() if parent is None else (parent,))
         last_sent: dict[int, float] = {}
-
-        def replay(c, info):
-            cctx = Rank(sim, c, self.op)
+        for c, info in kids:  # each child's sends, handed to its communication thread when it made them
             for t, nb, tag in info.offered:
-                if t > env.now:
-                    yield env.timeout(t - env.now)
-                msg = cctx.send(r, nb, tag)
-                msg.sent.callbacks.append(lambda _ev, c=c: last_sent.__setitem__(c, env.now))
-
+                msg = sim.net.submit(c, r, nb, self.op, ctx._box((c, r, tag)), at=t)
+            msg.sent.callbacks.append(lambda _ev, c=c: last_sent.__setitem__(c, env.now))
         end = []
 
         def main():
@@ -156,8 +154,6 @@ class TreeRun:
             yield from _tree_reduce(ctx, self.nbytes, "reduce")
             end.append(env.now)
 
-        for c, info in kids:
-            env.process(replay(c, info))
         env.process(main())
         env.run()
         sub = max((max(info.end, last_sent[c], info.subtree_finish) for c, info in kids), default=0.0)
@@ -178,6 +174,7 @@ class TreeRun:
                     return got
         parent, children = _binomial(r, p)
         sim = self._sim()
+        sim.solo = True  # only this rank sends
         env = sim.env
         ctx = _ClassRank(sim, r, self.op)
         if self.op == "allreduce":  # the counters go on from the reduce

@@ -31,8 +31,8 @@ def _tree_broadcast(ctx, n, label):
     for j, s in enumerate(ctx.slices(n)):
         if parent is not None:
             yield ctx.recv(parent, (label, j), s)
-        for c in reversed(children):  # largest subtree first, one after the other
-            yield ctx.send(c, s, (label, j)).sent
+        # largest subtree first, one after the other
+        yield from ctx.send_each([(c, s, (label, j)) for c in reversed(children)])
 
 
 def allreduce_binomial_tree(ctx, n):
