@@ -1,7 +1,7 @@
 """`lioncub simulate {collective,step,sweep}`. Imports no torch (and nothing heavy until a command runs).
 
     lioncub simulate collective --op allreduce --algorithm ring --backend nccl --ranks 16 --size 256MiB \\
-        --bandwidth 10Gbit --latency 1ms [--gpus-per-node 8] [--calibration gloo.json] [--json]
+        --bandwidth 10Gbit --latency 1ms [--gpus-per-node 8] [--calibration gloo.json] [--exact] [--json]
     lioncub simulate step --method vote-1bit --momentum-sync 100 --params 1.3B --compute-seconds 0.3 \\
         --ranks 64 --gpus-per-node 8 --bandwidth 10Gbit --latency 50us [--json]
     lioncub simulate sweep --method vote-1bit,l1-pbit --ranks 8,32,128 --bandwidth 1Gbit,10Gbit,100Gbit \\
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 
 _OPS_HELP = ("allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a lioncub composite: "
              "vote-allgather, vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync")
@@ -79,6 +80,10 @@ def _common(p, many: bool = False) -> None:
     b.add_argument("--backend", default="nccl", help="nccl, gloo or ideal")
     b.add_argument("--calibration", default=None, metavar="FILE",
                    help="JSON profile fields laid over --backend (from a calibration run)")
+    p.add_argument("--exact", action="store_true",
+                   help="simulate every rank and every message, and with auto every candidate (slow at scale; "
+                        "for checking the fast path: representative ranks, classes of ranks, fast-forwarded "
+                        "steady states, pruned candidates)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -130,10 +135,13 @@ def _collective(args) -> int:
 
     cluster = _cluster(args, args.ranks)
     profile = _profile(args)
+    t0 = time.perf_counter()
     r = simulate_collective(cluster, args.op, args.algorithm, args.size, profile, timeline=args.timeline,
-                            levels=args.levels)
+                            levels=args.levels, exact=args.exact)
+    wall = time.perf_counter() - t0
     if args.json:
-        _dump({**r.to_dict(), "cluster": cluster.to_dict(), "profile": profile.to_dict()})
+        _dump({**r.to_dict(), "cluster": cluster.to_dict(), "profile": profile.to_dict(), "exact": args.exact,
+               "wall_seconds": wall})
         return 0
     print(f"{r.op} / {r.algorithm} on {profile.name}: {cluster.describe()}")
     line = f"  {format_size(r.size_bytes)} -> {format_time(r.seconds)}"
@@ -147,6 +155,9 @@ def _collective(args) -> int:
     if r.candidates:
         print("  auto: " + ", ".join(f"{a} {format_time(t)}" for a, t in sorted(r.candidates.items(),
                                                                                  key=lambda kv: kv[1])))
+    for part in [r.to_dict(), *r.parts]:
+        for a, why in (part.get("pruned") or {}).items():
+            print(f"  auto: {a} not simulated: {why['reason']}")
     return 0
 
 
@@ -166,7 +177,7 @@ def _step(args) -> int:
     cluster = _cluster(args, args.ranks)
     profile = _profile(args)
     r = simulate_step(cluster, args.method, momentum_sync=args.momentum_sync or None, backend=profile,
-                      **_step_kwargs(args))
+                      exact=args.exact, **_step_kwargs(args))
     if args.json:
         _dump({**r.to_dict(), "cluster": cluster.to_dict()})
         return 0
@@ -200,7 +211,7 @@ def _sweep(args) -> int:
         cluster_kwargs=dict(intra_bandwidth=args.intra_bandwidth, intra_latency=args.intra_latency,
                             topology=args.topology, nodes_per_leaf=args.nodes_per_leaf,
                             oversubscription=args.oversubscription),
-        progress=False if args.no_progress else None, **_step_kwargs(args),
+        progress=False if args.no_progress else None, exact=args.exact, **_step_kwargs(args),
     )
     if args.plot:
         plot(rows, args.plot)

@@ -172,6 +172,7 @@ def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part
     total.bytes_received_per_rank += part.bytes_received_per_rank
     total.messages += part.messages
     total.simulated_ranks = max(total.simulated_ranks, part.simulated_ranks)
+    total.skipped_segments += part.skipped_segments
 
 
 def simulate_transfers(cluster: Cluster, transfers, backend="ideal", family: str = "p2p") -> float:

@@ -27,6 +27,10 @@ class CollectiveResult:
     pruned: with algorithm "auto", the candidates not simulated because a lower bound from the same
         mechanisms shows they cannot win: {algorithm: {lower_bound, chain, bytes, reason}}.
     timeline: if asked for, {rank: [(kind, start, end, peer, bytes), ...]} with kind send/recv/reduce.
+    messages: messages sent by all ranks together.
+    simulated_ranks: processes simulated: every rank (exact), one per symmetry orbit, or one per class
+        of ranks that behave alike (trees: sub-simulations).
+    skipped_segments: steady segments (ring steps, pairwise exchanges) fast-forwarded, not simulated.
     """
 
     op: str
@@ -43,6 +47,7 @@ class CollectiveResult:
     timeline: dict[int, list[tuple]] | None = None
     messages: int = 0
     simulated_ranks: int = 0
+    skipped_segments: int = 0  # steady segments fast-forwarded (ring steps, exchanges)
     wall_seconds: float = 0.0
 
     @property
@@ -73,6 +78,7 @@ class CollectiveResult:
             "pruned": self.pruned,
             "messages": self.messages,
             "simulated_ranks": self.simulated_ranks,
+            "skipped_segments": self.skipped_segments,
         }
         if self.timeline is not None:
             d["timeline"] = {

@@ -80,6 +80,7 @@ def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, g
                            max(c.bytes_sent for c in ranks), max(c.bytes_received for c in ranks))
     res.messages = sim.messages * sym.orbit_size
     res.simulated_ranks = len(ranks)
+    res.skipped_segments = sim.skipped
     if timeline:
         res.timeline = _expand_timeline(sym, ranks)
     return res

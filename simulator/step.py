@@ -120,6 +120,7 @@ def simulate_step(
     backward_fraction: float = 2 / 3,
     overlap: bool = True,
     cache: Cache | None = None,
+    exact: bool = False,
     _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
@@ -135,6 +136,7 @@ def simulate_step(
     overlap: the allreduce baseline reduces each bucket as soon as backward has produced it, overlapping
         the rest of backward, as DDP does (True); or after backward, as `LionCub(method="allreduce")`
         does, since it communicates inside step() (False). Applies to the baseline of other methods too.
+    exact: simulate every collective rank by rank (see simulate_collective).
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
@@ -187,7 +189,8 @@ def simulate_step(
             alg = spec.get("allreduce", "auto")
         else:
             alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels)}
-        memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache)
+        memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache,
+                                               exact=exact)
         return memo[op, nbytes]
 
     t_bwd = compute * backward_fraction
@@ -246,7 +249,8 @@ def simulate_step(
     if _baseline and not (method == "allreduce" and grad_dtype == "float32"):
         base = simulate_step(cluster, "allreduce", P, None, bucket_mb, compute, None, None, profile,
                              algorithm=spec, memory_bandwidth=mem_bw,
-                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, _baseline=False)
+                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, exact=exact,
+                             _baseline=False)
         base_step = base.step_seconds
         base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
     return StepResult(

@@ -19,8 +19,12 @@ leaves), then:
   child's class. Subtrees whose arrivals differ only by a shift in time are one class, shifted.
 
 An allreduce is reduce then broadcast: no broadcast slice reaches a rank before the root has the whole
-sum, and by then every reduce message has arrived, so the broadcast starts on an idle network (except
-for burst credit, whose state carries over: the fast path needs link_burst = 0 for the allreduce).
+sum, and by then every reduce message has arrived, so the broadcast starts on an idle network.
+
+Not with burst credit (link_burst > 0, a calibrated lab profile): its state carries over from the reduce to
+the broadcast, and its bookkeeping is settled at every network event, so in one shared simulation other
+links' events nudge a port's credit (by 1e-5 of a slice's time here and there); trees then run rank by
+rank.
 
 The number of sub-simulations grows with the depth of the tree (a few per level), not with the ranks,
 and each one moves its rank's own slices only. `exact=True` in simulate_collective simulates every
@@ -44,9 +48,10 @@ _SAME = 1e-10
 
 
 def applies(cluster: Cluster, profile: BackendProfile, op: str) -> bool:
-    """Whether every link carries the tree flows of one rank's children only (and, for the allreduce, no
-    burst credit carries over from the reduce to the broadcast)."""
-    if op == "allreduce" and profile.link_burst > 0:
+    """Whether every link carries the tree flows of one rank's children only, and there is no burst
+    credit (whose bookkeeping is settled at every network event, so that unrelated links' events nudge a
+    port's credit by round-off-sized amounts that pile up over many slices)."""
+    if profile.link_burst > 0:
         return False
     g = cluster.gpus_per_node
     if cluster.nodes > 1 and not pow2(g):

@@ -186,8 +186,15 @@ def test_bench_simulator_meets_its_target(capsys):
 
     p = argparse.ArgumentParser()
     bench.add_arguments(p)
-    args = p.parse_args(["--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M", "--json"])
+    args = p.parse_args(["--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M", "--json",
+                         "--scale-ranks", "64,256", "--scale-step-ranks", "256", "--scale-params", "1B",
+                         "--autotune-params", "100M"])
     rc = bench.run(args)
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["ok"]
     assert d["rows"][0]["simulated_ranks"] == 8  # one node's ranks stand for all 16 nodes
+    scale = {(r["what"], r["ranks"]): r for r in d["rows"] if "what" in r}
+    assert set(scale) == {("auto", 64), ("binomial-tree", 64), ("auto", 256), ("binomial-tree", 256),
+                          ("step", 256), ("autotune", 256)}
+    assert scale["auto", 256]["algorithm"] == "ring" and scale["auto", 256]["pruned"] == ["binomial-tree"]
+    assert all(r["peak_bytes"] > 0 and r["wall_seconds"] > 0 for r in scale.values())
