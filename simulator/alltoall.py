@@ -16,6 +16,8 @@ def alltoall_pairwise(ctx, n):
             this = ("a2a", *kind(k))
 
             def ahead(k=k, this=this):
+                if ctx.cluster.gpus_per_node == 1 and ctx.cluster.leaves in (1, ctx.cluster.nodes):
+                    return p - 1 - k  # every path is of one kind
                 m = 0
                 while k + m + 1 < p and ("a2a", *kind(k + m + 1)) == this:
                     m += 1

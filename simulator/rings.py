@@ -35,8 +35,7 @@ def _ring(ctx: Rank, members: list[int], chunk: float, steps: int, reduce_steps:
                 # the end of segment k (since the receipt of step k-1's last slice): steps alike in what
                 # they reduce and send may be fast-forwarded
                 kind = (label, *_step_kind(k, steps, reduce_steps, last))
-                k += ctx.fast_forward(kind, lambda k=k, kind=kind: _alike_ahead(k, steps, reduce_steps, last, kind),
-                                      StepTags(k))
+                k += ctx.fast_forward(kind, _alike_ahead(k, steps, reduce_steps, last), StepTags(k))
             if k < reduce_steps:
                 yield from ctx.reduce(s)
             if k + 1 < steps:
@@ -50,11 +49,13 @@ def _step_kind(k: int, steps: int, reduce_steps: int, last: int) -> tuple:
     return (k - 1 < reduce_steps, last > 0 and k < reduce_steps, k + 1 < steps if last > 0 else k < steps)
 
 
-def _alike_ahead(k: int, steps: int, reduce_steps: int, last: int, kind: tuple) -> int:
-    m = 0
-    while k + m + 1 < steps and _step_kind(k + m + 1, steps, reduce_steps, last) == kind[1:]:
-        m += 1
-    return m
+def _alike_ahead(k: int, steps: int, reduce_steps: int, last: int) -> int:
+    """How many segments after k are of segment k's kind: up to the next step where one of _step_kind's
+    terms changes (reduce_steps + 1, reduce_steps, steps - 1) or the last segment."""
+    changes = [reduce_steps + 1, steps]
+    if last > 0:
+        changes += [reduce_steps, steps - 1]
+    return min(c for c in changes if c > k) - k - 1
 
 
 def allreduce_ring(ctx, n):
