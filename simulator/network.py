@@ -351,7 +351,7 @@ class Network:
         """Its last byte arrives `latency` after it left: schedule the receiver's event for then (one event;
         with rendezvous it is triggered only on arrival, since senders test whether a notice has come)."""
         d = msg.delivered
-        d.ff = ("deliver", msg)
+        d.ff = ["deliver", msg.conn.key, msg.size, msg.tag]  # not msg itself: msg -> d -> msg would be a cycle
         if msg.latency <= 0:
             d.succeed()
         elif self.rendezvous:

@@ -3,7 +3,9 @@ SimPy environment and network; plain and rendezvous forms; a memo (Cache) of sim
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 
 from . import tree_classes
 from .ranks import Rank, Sim
@@ -12,8 +14,27 @@ from .results import CollectiveResult
 from .symmetry import Symmetry
 
 
+@contextmanager
+def _no_gc():
+    """The cyclic garbage collector paused while a simulation runs (its repeated passes over a growing
+    heap of short-lived events cost a third of a tree's time), then one pass over what the run left."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+            gc.collect(0)
+
+
 def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, exact=False) -> CollectiveResult:
     """Simulate op/alg once. exact: every rank, every message (no representative ranks)."""
+    with _no_gc():
+        return _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact)
+
+
+def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact) -> CollectiveResult:
     t_wall = time.perf_counter()
     p = cluster.ranks
     if p == 1:

@@ -69,10 +69,15 @@ def signature(sim, tags=None):
             if d[1] == net._gen:
                 items.append((("timer",), (t - now,)))
             continue  # a stale timer does nothing
+        if d[0] == "deliver":  # ["deliver", connection, size, tag]
+            if d[3] is None or ev.callbacks:
+                return None  # a process waits on it: one whose program we cannot see
+            items.append((("deliver", d[1], d[2], rel(d[3])), (t - now,)))
+            continue
         msg = d[1]
         if msg.tag is None or msg.sent.callbacks or msg.delivered.callbacks:
-            return None  # a process waits on it: one whose program we cannot see
-        items.append(((d[0], msg.conn.key, msg.size, rel(msg.tag)), (t - now,)))
+            return None
+        items.append((("enter", msg.conn.key, msg.size, rel(msg.tag)), (t - now,)))
     for c in net.active:
         for target, _seq, conn in c.heap:
             if any(m.tag is None or m.sent.callbacks or m.delivered.callbacks for m in conn.queue):
@@ -115,8 +120,10 @@ def skip(sim, m: int, period: float, tags=None) -> None:
     queue = []
     for t, prio, eid, ev in env._queue:
         d = getattr(ev, "ff", None)
-        if d is not None and d[0] != "timer":
+        if d is not None and d[0] == "enter":
             move(d[1])
+        elif d is not None and d[0] == "deliver":
+            d[3] = tags.shift(d[3], m)
         queue.append((t + shift, prio, eid, ev))
     env._queue[:] = queue  # a uniform shift keeps the heap order
     for c in net.active:
