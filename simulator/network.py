@@ -294,7 +294,11 @@ class Network:
         self._gen += 1
         if not self.active:
             return
-        dt = min((c.heap[0][0] - c.served) / c.rate for c in self.active)
+        dt = inf
+        for c in self.active:
+            d = (c.heap[0][0] - c.served) / c.rate
+            if d < dt:
+                dt = d
         if self._bursting:
             dt = min(dt, self._token_dt())
         gen = self._gen
@@ -317,8 +321,11 @@ class Network:
                 stopped = True
         for c in self.active:
             # a head message is done when what is left would take < 1 ps (float round-off)
-            tol = max(1e-6, c.rate * 1e-12, abs(c.served) * 1e-13)
             heap = c.heap
+            left = heap[0][0] - c.served if heap else inf
+            if left > 1e-6 and left > c.rate * 1e-12 and left > abs(c.served) * 1e-13:
+                continue
+            tol = max(1e-6, c.rate * 1e-12, abs(c.served) * 1e-13)
             while heap and heap[0][0] - c.served <= tol:
                 target, _, conn = heapq.heappop(heap)
                 msg = conn.queue.popleft()
