@@ -1,9 +1,16 @@
-"""What an algorithm sees of a rank: send, recv, reduce, sendrecv, slices, flush.
+"""What an algorithm sees of a rank: send, recv, reduce, sendrecv, slices, flush, and the three calls that
+let the simulator do less: send_each, exchange, fast_forward.
 
 A rank's program is a generator. `ctx.send(dst, nbytes, tag)` hands a message to the network and returns
 at once (the message's `.sent` event fires when its last byte has left); `yield ctx.recv(src, tag, n)`
 waits for a message; `yield from ctx.reduce(n)` spends n * gamma seconds; `yield from ctx.sendrecv(...)`
 is MPI_Sendrecv. A collective ends on a rank when its own sends have left and its receives arrived.
+
+`yield from ctx.send_each(msgs)` sends one after another, each once the previous has left; `yield
+ctx.exchange(sends, recvs)` posts sends and receives at once and waits for the receives: both are what
+their loops would do, costed as one train when nothing can compete with them. `k += ctx.fast_forward(kind,
+ahead, tags)` at the end of each step of a loop skips the steps ahead when the simulation is in a steady
+state (steady.py). Sim(fast=False), the exact run, does none of that.
 """
 
 from __future__ import annotations
@@ -243,7 +250,8 @@ class Rank:
         no tag is in flight at segment ends).
 
         If the whole simulation was in the same state (steady.signature) at the ends of the last two
-        segments, of this kind, as it is now, the segments ahead repeat the last one shifted in time (the
+        segments, of this kind, as it is now (two, not one: a state that happens to recur once proves
+        less), the segments ahead repeat the last one shifted in time (the
         model is deterministic and does not depend on the absolute time): they are skipped at once
         (steady.skip), and this rank's byte counters and the message count move on by theirs. Returns how
         many segments were skipped."""
@@ -256,14 +264,14 @@ class Rank:
             return 0
         now = self.env.now
         point = (kind, sig, now, self.bytes_sent, self.bytes_received, sim.messages)
-        hist = self._steady = [*self._steady[-1:], point] if self._steady else [point]
-        if len(hist) < 2 or hist[0][0] != kind or not steady.same(hist[0][1], sig, now):
+        hist = self._steady = [*self._steady[-2:], point]
+        if len(hist) < 3 or any(h[0] != kind or not steady.same(h[1], sig, now) for h in hist[:2]):
             return 0
         if callable(ahead):
             ahead = ahead()
         if ahead <= 0:
             return 0
-        _, _, t0, s0, r0, m0 = hist[0]
+        _, _, t0, s0, r0, m0 = hist[1]
         steady.skip(sim, ahead, now - t0, tags)
         self.bytes_sent += ahead * (self.bytes_sent - s0)
         self.bytes_received += ahead * (self.bytes_received - r0)
