@@ -20,12 +20,12 @@ import triton.language as tl
 from .triton_common import (
     CFG,
     LAUNCH,
-    METHOD_IDS,
     apply_update,
     check_flat,
     device_fn,
     dummy,
     emulate_bf16,
+    field_codec_id,
     load,
     store,
     to_dtype,
@@ -61,7 +61,7 @@ def _onebit_kernel(p_ptr, s_ptr, z_ptr, n, nb, decay, neg_lr, HAS_Z: tl.constexp
 
 
 @device_fn
-def _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, METHOD: tl.constexpr,
+def _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, CODEC: tl.constexpr,
                  WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr, MASKED: tl.constexpr,
                  EMU: tl.constexpr):
     word = load(code_ptr, w, w < W, MASKED)
@@ -70,7 +70,7 @@ def _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset
         i = j * W + w
         mask = (w < W) & (i < n)
         f = (word >> (WIDTH * j)) & ((1 << WIDTH) - 1)
-        if METHOD == 2:  # avg-pbit
+        if CODEC == 2:  # mean of the votes
             u = ((f - world).to(tl.float64) / world_f).to(tl.float32)  # fp64 / (fp32 N, exact) in fp64
         else:
             u = tl.where(f > offset, 1.0, tl.where(f < offset, -1.0, 0.0))
@@ -79,28 +79,28 @@ def _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset
 
 
 @triton.jit
-def _fields_kernel(p_ptr, code_ptr, n, W, decay, neg_lr, world, world_f, offset, METHOD: tl.constexpr,
+def _fields_kernel(p_ptr, code_ptr, n, W, decay, neg_lr, world, world_f, offset, CODEC: tl.constexpr,
                    WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr, BW: tl.constexpr,
                    EMU: tl.constexpr):
     pid = tl.program_id(0)
     w = pid * BW + tl.arange(0, BW)
     end = (pid + 1) * BW
     if (end <= W) & ((FIELDS - 1) * W + end <= n):
-        _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, METHOD, WIDTH, FIELDS, WIDE,
+        _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, CODEC, WIDTH, FIELDS, WIDE,
                      False, EMU)
     else:
-        _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, METHOD, WIDTH, FIELDS, WIDE,
+        _fields_tile(p_ptr, code_ptr, w, n, W, decay, neg_lr, world, world_f, offset, CODEC, WIDTH, FIELDS, WIDE,
                      True, EMU)
 
 
-def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
+def unpack_apply(codec, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
                  layout=None) -> None:
     """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U: one launch, one pass."""
     n = check_flat(p)
     if n == 0:
         return
     decay, neg_lr = float(1 - lr * wd), float(-lr)
-    if method in ("vote-1bit", "vote-allgather"):
+    if codec.kind == "signs":
         sign_plane, nonzero_plane = code
         nb = triton.cdiv(n, 8)
         # a plane gathered from an all-gather may be a strided view (N chunks of one byte): make it dense
@@ -115,15 +115,14 @@ def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int,
             p, sign_plane, nonzero_plane if has_z else dummy(p.device), n, nb, decay, neg_lr, HAS_Z=has_z, BYTES=rows,
             EMU=emulate_bf16(), **LAUNCH, num_warps=warps)
         return
-    if method not in METHOD_IDS:
-        raise ValueError(f"unpack_apply: unknown method {method!r}")
+    codec_id = field_codec_id(codec)
     code = code.reshape(-1).contiguous()
     W, F = code.numel(), layout.per_word
     if W * F < n:
         raise ValueError(f"unpack_apply: {W} words of {F} fields cannot hold {n} values")
-    offset = world_size * (levels if method == "l1-pbit" else 1)
+    offset = codec.offset(world_size, levels)
     bw = field_words_per_program(F)
     _fields_kernel[(triton.cdiv(W, bw),)](
-        p, code, n, W, decay, neg_lr, int(world_size), float(world_size), int(offset), METHOD=METHOD_IDS[method],
+        p, code, n, W, decay, neg_lr, int(world_size), float(world_size), int(offset), CODEC=codec_id,
         WIDTH=layout.width, FIELDS=F, WIDE=layout.word_bits == 64, BW=bw, EMU=emulate_bf16(),
         **LAUNCH, num_warps=CFG["fields"][1])

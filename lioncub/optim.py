@@ -18,8 +18,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lioncub import kernels, schedules, wire
-from lioncub.transport import BucketWire, agree_count, allreduce_mean_, group_rank_size, traffic
+from lioncub import kernels, methods, schedules, wire
+from lioncub.transport import agree_count, allreduce_mean_, group_rank_size
 
 log = logging.getLogger("lioncub")
 BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
@@ -70,7 +70,7 @@ class Bucket:
         self.p, self.g, self.m = p, g, m  # flat views
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
-        self.wire: BucketWire | None = None
+        self.exchange = None  # built on first use by the method
 
 
 class _Timer:
@@ -91,8 +91,7 @@ def _wire_dtype(value) -> torch.dtype:
     return value
 
 
-def _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype):
-    wire.check_method(method)
+def _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype):
     if not lr >= 0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
@@ -111,8 +110,8 @@ class LionCub(torch.optim.Optimizer):
     Args:
         params: parameters or param groups (lr, betas, weight_decay may differ per group).
         lr, betas, weight_decay: as in Lion; the update is p <- p*(1 - lr*wd) - lr*U.
-        method: "allreduce" (average gradients, plain Lion: the baseline), "vote-allgather",
-            "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
+        method: a name from lioncub.methods.NAMES: "allreduce" (average gradients, plain Lion: the
+            baseline), "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
         levels: L1 levels s for "l1-pbit" (default max(1, 127 // world_size)).
         momentum_sync: None, an int K (average momenta every K steps) or a schedule
             (lioncub.EveryK, FirstSteps, Geometric).
@@ -126,18 +125,19 @@ class LionCub(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
-                 method: str = "l1-pbit", levels: int | None = None, momentum_sync=None,
+                 method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, timing: bool = False):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
-        _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype)
+        self.spec = methods.get(method)
+        _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
-        self.method, self.process_group = method, process_group
+        self.method, self.process_group = self.spec.name, process_group
         self.rank, self.world_size = group_rank_size(process_group)
-        self.levels = self._resolve_levels(levels)
+        self.levels = self.spec.resolve_levels(self.world_size, levels)
         self.schedule = schedules.resolve(momentum_sync)
-        if method == "allreduce" and momentum_sync is not None:
-            log.warning("LionCub: momentum_sync has no effect with method='allreduce' (momenta are global)")
+        if self.spec.dense and momentum_sync is not None:
+            log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", self.method)
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.grad_wire_dtype, self.skip_nonfinite, self.timing = grad_wire_dtype, skip_nonfinite, timing
         self.stats = CommStats()
@@ -146,22 +146,6 @@ class LionCub(torch.optim.Optimizer):
         self._buckets = self._build_buckets()
 
     # --- construction ---------------------------------------------------------------------------------
-
-    def _resolve_levels(self, levels):
-        if self.method != "l1-pbit":
-            if levels is not None:
-                raise ValueError(f"levels applies only to method='l1-pbit', not {self.method!r}")
-            return 0
-        s = wire.default_levels(self.world_size) if levels is None else levels
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-            raise ValueError(f"levels must be a positive integer, got {levels!r}")
-        try:
-            wire.field_layout("l1-pbit", self.world_size, s)
-        except ValueError as exc:
-            top = (2 ** wire.MAX_FIELD_WIDTH - 1) // (2 * self.world_size)
-            raise ValueError(f"levels={s} cannot fit for {self.world_size} ranks ({exc}); use levels <= {top}, "
-                             f"or leave levels=None for {wire.default_levels(self.world_size)}") from None
-        return s
 
     @torch.no_grad()
     def _build_buckets(self) -> list[Bucket]:
@@ -257,8 +241,8 @@ class LionCub(torch.optim.Optimizer):
         self.stats.steps += 1
         self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
-        if self.method == "allreduce":
-            self._step_allreduce(clock)
+        if self.spec.dense:
+            self._step_dense(clock)
         elif self.world_size == 1:
             self._step_local(clock)
         else:
@@ -270,9 +254,16 @@ class LionCub(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         return dict(lr=group["lr"], wd=group["weight_decay"], beta1=beta1, beta2=beta2)
 
+    def _exchange(self, b: Bucket):
+        if b.exchange is None:
+            b.exchange = self.spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels,
+                                            grad_wire_dtype=str(self.grad_wire_dtype).removeprefix("torch."),
+                                            grads=b.g)
+        return b.exchange
+
     def _skip(self, why: str, collectives=(), comm_s: float = 0.0) -> None:
         self.stats.skipped_steps += 1
-        sent, recv = traffic(list(collectives), self.world_size)
+        sent, recv = wire.traffic(list(collectives), self.world_size)
         self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0)
         if self.rank == 0:
             log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
@@ -286,16 +277,14 @@ class LionCub(torch.optim.Optimizer):
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         self.stats.record(0, 0, 0, 0.0, 0.0, clock() - t0, 0.0)
 
-    def _step_allreduce(self, clock) -> None:
+    def _step_dense(self, clock) -> None:
         t0 = clock()
         collectives = []
         for b in self._buckets:
             if self.world_size > 1:
-                allreduce_mean_(b.g, self.process_group, self.grad_wire_dtype)
-                if b.wire is None:
-                    b.wire = BucketWire("allreduce", b.n, b.g.device, self.process_group,
-                                        grad_wire_dtype=self.grad_wire_dtype)
-                collectives += b.wire.collectives
+                x = self._exchange(b)
+                x()
+                collectives += x.collectives
         t1 = clock()
         # the reduced gradients are identical on all ranks, so this check agrees without a message
         if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
@@ -303,17 +292,17 @@ class LionCub(torch.optim.Optimizer):
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         t2 = clock()
-        sent, recv = traffic(collectives, self.world_size)
+        sent, recv = wire.traffic(collectives, self.world_size)
         self.stats.record(sent, recv, len(collectives), 0.0, t1 - t0, t2 - t1, 0.0)
 
     def _step_compressed(self, clock) -> None:
-        method, N = self.method, self.world_size
+        codec, N = self.spec.codec, self.world_size
         t_quant = t_comm = t_apply = 0.0
         t0 = clock()
         mults, nonfinite = [], 0
         for b in self._buckets:
             h = self._hyper(b)
-            finite, mult = kernels.prepass(method, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
+            finite, mult = kernels.prepass(codec, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
                                            levels=self.levels)
             nonfinite += not finite
             mults.append(mult)
@@ -329,28 +318,26 @@ class LionCub(torch.optim.Optimizer):
         zero_parity = (self.rank + self._step) % 2
         for b, mult in zip(self._buckets, mults):
             h = self._hyper(b)
-            if b.wire is None:
-                b.wire = BucketWire(method, b.n, b.g.device, self.process_group, self.levels)
-            bw = b.wire
+            x = self._exchange(b)
             ta = clock()
-            kernels.quantize_pack(method, b.g, b.m, bw.code, beta1=h["beta1"], beta2=h["beta2"],
-                                  zero_parity=zero_parity, layout=bw.layout, mult=mult,
+            kernels.quantize_pack(codec, b.g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=zero_parity, layout=x.layout, mult=mult,
                                   offsets=b.offsets, levels=self.levels)
             tb = clock()
-            code = bw.exchange()
+            code = x()
             tc = clock()
-            kernels.unpack_apply(method, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
-                                 levels=self.levels, layout=bw.layout)
+            kernels.unpack_apply(codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
+                                 levels=self.levels, layout=x.layout)
             td = clock()
             t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
-            collectives += bw.collectives
+            collectives += x.collectives
         self._momenta_identical = False
         t_sync = 0.0
         if self.schedule.should_sync(self._step):
             ts = clock()
             collectives += self._sync_momentum()
             t_sync = clock() - ts
-        sent, recv = traffic(collectives, N)
+        sent, recv = wire.traffic(collectives, N)
         self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync)
 
     # --- momentum -------------------------------------------------------------------------------------
@@ -377,7 +364,7 @@ class LionCub(torch.optim.Optimizer):
         sd = super().state_dict()
         sd["lioncub"] = dict(step=self._step, world_size=self.world_size, rank=self.rank,
                              method=self.method, levels=self.levels,
-                             momenta_identical=self._momenta_identical or self.method == "allreduce",
+                             momenta_identical=self._momenta_identical or self.spec.dense,
                              stats=self.stats.as_dict())
         return sd
 

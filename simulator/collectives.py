@@ -7,7 +7,7 @@
 SIZE convention (`size_bytes`): the bytes of each rank's whole buffer: the allreduce / reduce-scatter /
 broadcast / reduce input, the all-gather *output*, the all-to-all *send* buffer. For lioncub's composite
 ops (`vote-1bit`, `l1-pbit`, `momentum-sync`, ...) it is the bytes of the fp32 bucket they synchronize
-(`lioncub.wire.composite_elements`), and the collectives they issue are those of `lioncub.wire`.
+(`composite_elements`), and the collectives they issue are those of `lioncub.methods`.
 
 A rank's program is a generator. `ctx.send(dst, nbytes, tag)` hands a message to the network and returns
 at once (the message's `.sent` event fires when its last byte has left); `yield ctx.recv(src, tag, n)`
@@ -35,24 +35,16 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from .. import wire
+from lioncub import methods, wire
+
 from .cluster import Cluster
 from .network import Network
 from .profiles import ALL_ALGORITHMS, BackendProfile, get_profile
 
 PRIMITIVES = tuple(ALL_ALGORITHMS)  # allreduce, allgather, reducescatter, alltoall, broadcast, reduce
-COMPOSITES = tuple(op for op in wire.COMPOSITE_OPS if op != "allreduce")  # fp32 "allreduce" is the primitive
+# lioncub's composite ops: every method but the fp32 "allreduce" (a primitive), and the momentum sync
+COMPOSITES = tuple(op for op in methods.NAMES if op != "allreduce") + ("momentum-sync",)
 OPS = PRIMITIVES + COMPOSITES
-
-# nccl-tests bus-bandwidth factors: busbw = algbw * factor(p)
-_BUSBW = {
-    "allreduce": lambda p: 2 * (p - 1) / p,
-    "allgather": lambda p: (p - 1) / p,
-    "reducescatter": lambda p: (p - 1) / p,
-    "alltoall": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-    "reduce": lambda p: 1.0,
-}
 
 
 def _pow2(n: int) -> bool:
@@ -578,8 +570,7 @@ class CollectiveResult:
     @property
     def busbw(self) -> float | None:
         """algbw times nccl-tests' bus factor (primitives only), bytes per second."""
-        f = _BUSBW.get(self.op)
-        return None if f is None else self.algbw * f(self.ranks)
+        return self.algbw * wire.bus_factor(self.op, self.ranks) if self.op in PRIMITIVES else None
 
     def to_dict(self) -> dict:
         d = {
@@ -748,10 +739,16 @@ def _parse_algorithm_spec(algorithm) -> dict | str:
 
 def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None = None) -> list[wire.Collective]:
     """The collectives lioncub issues for composite `op` on a bucket of nbytes of fp32."""
-    n = wire.composite_elements(int(nbytes))
+    n = composite_elements(int(nbytes))
     if op == "momentum-sync":
         return wire.momentum_sync_collectives(n) if ranks > 1 else []
-    return wire.vote_collectives(op, n, ranks, levels=levels)
+    meth = methods.get(op)
+    return meth.collectives(n, ranks, meth.resolve_levels(ranks, levels) if meth.uses_levels else 0)
+
+
+def composite_elements(nbytes: int) -> int:
+    """A composite op's SIZE is the bytes of the fp32 bucket it synchronizes: n = SIZE // 4 parameters."""
+    return max(1, nbytes // 4)
 
 
 def simulate_collective(

@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from lioncub import LionCub
+from lioncub.methods import NAMES as METHODS
+from lioncub.methods.l1_pbit import default_levels
 from lioncub.transport import CommError
-from lioncub.wire import METHODS, default_levels
 
 SHAPES = [(7, 5), (13,), (3, 3, 3), (1,), (33,), (2, 17)]
 BUCKET_MB = 256 / 2**20  # a few tensors per bucket, several buckets

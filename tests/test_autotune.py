@@ -7,7 +7,7 @@ import math
 import pytest
 from lioncub.simulator import Cache, Cluster, simulate_step
 
-from lioncub import autotune, schedules, wire
+from lioncub import autotune, methods, schedules
 
 SCHEDS = ["none", "every:4", "every:16"]  # schedules the simulator takes directly (int K)
 
@@ -42,7 +42,7 @@ def test_fast_network_small_model_recommends_the_baseline():
     res = autotune.search(cluster, params, compute, momentum_syncs=SCHEDS, bucket_mbs=[4, 25])
     check_against_simulator(res, cluster, params, compute)
     expected = {("allreduce", None, "none", b) for b in (4, 25)}  # the search space
-    for m in wire.METHODS[1:]:
+    for m in methods.NAMES[1:]:
         for lv in (autotune.l1_levels_candidates(8) if m == "l1-pbit" else [None]):
             expected |= {(m, lv, s, b) for s in SCHEDS for b in (4, 25)}
     assert {(c.method, c.levels, c.momentum_sync, c.bucket_mb) for c in res.candidates} == expected
@@ -124,12 +124,12 @@ def test_hierarchical_layout_is_searched_but_not_recommended():
 def test_l1_levels_candidates_are_the_widest_levels_of_each_field_width():
     for n in (2, 4, 8, 16, 64, 128, 1000):
         cands = autotune.l1_levels_candidates(n)
-        assert cands[0] == wire.default_levels(n) and cands == sorted(set(cands))
-        widths = [wire.field_layout("l1-pbit", n, s).width for s in cands]
+        assert cands[0] == max(1, 127 // n) and cands == sorted(set(cands))
+        widths = [methods.get("l1-pbit").layout(n, s).width for s in cands]
         assert widths == sorted(set(widths))
         for s, w in zip(cands[1:], widths[1:]):
             assert s <= autotune.MAX_LEVELS
-            assert wire.field_layout("l1-pbit", n, s + 1).width > w  # one more level needs a wider field
+            assert methods.get("l1-pbit").layout(n, s + 1).width > w  # one more level needs a wider field
 
 
 def test_unsynced_share_matches_a_literal_momentum_recurrence():

@@ -9,7 +9,7 @@ import math
 import pytest
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_step
 
-from lioncub import autotune, schedules, wire
+from lioncub import autotune, methods, schedules
 from lioncub.cli import main
 
 SLOW = ["--ranks", "4", "--bandwidth", "100Mbit", "--latency", "50us"]
@@ -43,7 +43,7 @@ def test_json_ranked_list_and_output_config(tmp_path, capsys):
     assert cfg["train"]["model"] == "char-tiny" and cfg["risk"]["level"] in ("low", "medium")
     assert {"within_risk", "configurations", "seconds"} <= set(cfg["search"])
     # best_per_method: one flat row per method
-    assert sorted(r["method"] for r in out["best_per_method"]) == sorted(wire.METHODS)
+    assert sorted(r["method"] for r in out["best_per_method"]) == sorted(methods.NAMES)
 
 
 def test_config_round_trips_into_lioncub_and_trainconfig(tmp_path, capsys):

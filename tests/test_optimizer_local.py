@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lioncub import EveryK, FirstSteps, Geometric, LionCub
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
 
 
 def _model(seed=0, dtype=torch.float32):

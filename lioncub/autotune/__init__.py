@@ -11,7 +11,7 @@ The search itself imports no torch; only `--pilot` does (it trains).
 
 The search space
 ----------------
-* method: the six of `lioncub.wire.METHODS`;
+* method: every method of `lioncub.methods` (`lioncub.methods.NAMES`);
 * l1-pbit levels: the default `127 // N`, and (for N > 4) for each wider p-bit field the most levels that
   fit in it (up to 4 more bits, at most 127): more levels cost bytes and lower the quantization risk;
 * bucket size (MiB of fp32 gradients): 4, 25, 100 (sizes that give the same buckets are one candidate);

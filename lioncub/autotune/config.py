@@ -52,13 +52,10 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
                  calibration: str | None = None, backend: str | None = None) -> dict:
     """The JSON config: `LionCub(params, **cfg["optimizer"])` and `lioncub train --config FILE` accept it."""
     opt = {"method": c.method, "bucket_mb": c.bucket_mb,
-           "momentum_sync": None if c.momentum_sync == "none" or c.method == "allreduce" else c.momentum_sync}
-    if c.method == "l1-pbit":
-        opt["levels"] = c.levels
-    train = {"method": c.method, "momentum_sync": "none" if c.method == "allreduce" else c.momentum_sync,
-             "bucket_mb": c.bucket_mb}
-    if c.method == "l1-pbit":
-        train["levels"] = c.levels
+           "momentum_sync": None if c.momentum_sync == "none" or c.dense else c.momentum_sync}
+    train = {"method": c.method, "momentum_sync": "none" if c.dense else c.momentum_sync, "bucket_mb": c.bucket_mb}
+    if c.levels is not None:
+        opt["levels"] = train["levels"] = c.levels
     if model.builtin:
         train = {"model": model.name, **train, "steps": steps, "batch_size": model.batch_size}
         if model.name != "mlp":

@@ -43,7 +43,7 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
     ar = next((c for c in flat if c.method == "allreduce"), None)
     for c in flat:
         key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)))
-        if c.method == "allreduce" or key in seen:
+        if c.dense or key in seen:
             continue
         seen.add(key)
         out.append(c)
@@ -89,8 +89,8 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
     window = max(1, steps // 10)
     runs = []
     for c in cands:
-        kw = dict(model=model, method=c.method, levels=c.levels if c.method == "l1-pbit" else None,
-                  momentum_sync="none" if c.method == "allreduce" else c.momentum_sync, steps=steps,
+        kw = dict(model=model, method=c.method, levels=c.levels,
+                  momentum_sync="none" if c.dense else c.momentum_sync, steps=steps,
                   bucket_mb=c.bucket_mb, seed=seed, warmup=min(10, steps // 10))
         if batch_size:
             kw["batch_size"] = batch_size
