@@ -39,11 +39,11 @@ def run(args) -> int:
     from lioncub.autotune import recommend, search
     from lioncub.calibrate import default_lab_profile
     from lioncub.lab import missing_privileges
+    from lioncub.methods import NAMES as METHODS
     from lioncub.simulator import Cluster, simulate_step
     from lioncub.simulator.units import format_rate, format_time, parse_rate
     from lioncub.train.loop import TrainConfig, build, measure_compute
     from lioncub.train.models import count_params
-    from lioncub.wire import METHODS
 
     rate = parse_rate(args.bandwidth)
     missing = missing_privileges()

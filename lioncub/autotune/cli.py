@@ -6,7 +6,7 @@ import json
 import math
 import sys
 
-from lioncub import wire
+from lioncub import methods
 from lioncub.simulator import get_profile
 from lioncub.simulator.profiles import BackendProfile
 from lioncub.simulator.units import format_size, format_time
@@ -32,7 +32,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
     body = []
     for i, c in enumerate(rows, 1):
         row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
-               "-" if c.method == "allreduce" else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
+               "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
         if hierarchical is not None:
@@ -116,7 +116,7 @@ def register(sub) -> None:
                    help="communication library (default nccl; gloo for the built-in models, which train on CPU)")
     c.add_argument("--calibration", metavar="FILE", help="simulator backend profile JSON (from a calibration run)")
     s = p.add_argument_group("search")
-    s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(wire.METHODS))
+    s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(methods.NAMES))
     s.add_argument("--bucket-mb", help="comma-separated bucket sizes in MiB (default 4,25,100)")
     s.add_argument("--momentum-sync", help="comma-separated schedules to try: none, K, every:K, first:K:M, "
                                            "geometric:K (default: none, every:1..1024, first:1:M, first:8:M "
@@ -192,7 +192,7 @@ def run(args) -> int:
     steps = args.steps if args.steps is not None else (200 if model.builtin else 10_000)
     mem_bw = args.memory_bandwidth if args.memory_bandwidth is not None else GPUS[args.gpu]["memory_bandwidth"]
     max_risk = parse_max_risk(args.max_risk)
-    methods = _csv(args.methods, wire.check_method, "--methods") or list(wire.METHODS)
+    names = _csv(args.methods, methods.check, "--methods") or list(methods.NAMES)
     buckets = _csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB)
     scheds = _csv(args.momentum_sync, normalize_schedule, "--momentum-sync")
     if args.top is not None and args.top < 1:
@@ -211,7 +211,7 @@ def run(args) -> int:
         if args.pilot_on not in PILOT_RUNNERS:
             raise ValueError(f"unknown --pilot-on {args.pilot_on!r}; choose one of: {', '.join(PILOT_RUNNERS)}")
 
-    result = search(cluster, model.params, model.compute_seconds, backend=profile, steps=steps, methods=methods,
+    result = search(cluster, model.params, model.compute_seconds, backend=profile, steps=steps, methods=names,
                     bucket_mbs=buckets, momentum_syncs=scheds, levels=args.levels, algorithms=args.algorithms,
                     max_risk=max_risk, memory_bandwidth=mem_bw, overlap=not args.no_overlap,
                     progress=sys.stderr.isatty() and not args.json)
@@ -247,7 +247,7 @@ def run(args) -> int:
         "predicted step time (speedup over the baseline above; bytes sent per rank per step"
         + ("; hierarchical: the same with a hierarchical allreduce, a what-if" if twins else "") + "):")
     say(format_table(rows, rec, twins))
-    excluded = [m for m in methods if m not in {c.method for c in result.ranked}]
+    excluded = [m for m in names if m not in {c.method for c in result.ranked}]
     if excluded:
         say(f"  over --max-risk in every configuration: {', '.join(excluded)}")
     say("")

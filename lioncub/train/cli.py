@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
 
 MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
 
