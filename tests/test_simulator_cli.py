@@ -164,7 +164,8 @@ def test_simulator_imports_no_torch():
     code = r"""
 import argparse, sys
 import lioncub.simulator
-from lioncub.simulator import cli, bench, sweep, step, collectives, network, profiles, units, cluster
+from lioncub.simulator import cli, sweep, step, collectives, network, profiles, units, cluster
+import lioncub.benchmarks.simulator
 p = argparse.ArgumentParser(); cli.register(p.add_subparsers())
 args = p.parse_args(["simulate", "step", "--method", "vote-1bit", "--params", "1M", "--compute-seconds", "0.1",
                      "--ranks", "4", "--json"])
@@ -182,12 +183,10 @@ print("ok")
 
 def test_bench_simulator_meets_its_target(capsys):
     # small version of `lioncub bench simulator` (the real one: 1024 ranks, 256 MiB)
-    from lioncub.simulator import bench
+    from lioncub.cli import main
 
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
-    args = p.parse_args(["--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M", "--json"])
-    rc = bench.run(args)
+    rc = main(["bench", "simulator", "--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M",
+               "--json"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["ok"]
     assert d["rows"][0]["simulated_ranks"] == 8  # one node's ranks stand for all 16 nodes

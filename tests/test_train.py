@@ -1,4 +1,4 @@
-"""`lioncub train`, checkpoints and resume, predictions, and the issue-6 benches at toy sizes."""
+"""`lioncub train`, checkpoints and resume, predictions, and `bench train`/`bench convergence` at toy sizes."""
 
 import json
 import os

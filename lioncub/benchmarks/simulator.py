@@ -8,26 +8,15 @@ from __future__ import annotations
 import json
 import time
 
+from lioncub.simulator.cluster import Cluster
+from lioncub.simulator.collectives import simulate_collective
+from lioncub.simulator.step import simulate_step
+from lioncub.simulator.units import format_time
+
 TARGET_SECONDS = 10.0
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--ranks", type=int, default=1024, help="ranks of the collective benchmark")
-    parser.add_argument("--size", default="256MiB", help="allreduce size")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--bandwidth", default="10Gbit")
-    parser.add_argument("--latency", default="20us")
-    parser.add_argument("--step-ranks", type=int, default=256, help="ranks of the training-step benchmark")
-    parser.add_argument("--params", default="1.3B", help="parameters of the training-step benchmark")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
-
-
 def run(args) -> int:
-    from .cluster import Cluster
-    from .collectives import simulate_collective
-    from .step import simulate_step
-    from .units import format_time
-
     rows = []
     for backend in ("nccl", "gloo"):
         cluster = Cluster.for_ranks(args.ranks, args.gpus_per_node, bandwidth=args.bandwidth,

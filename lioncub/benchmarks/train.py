@@ -1,4 +1,4 @@
-"""`lioncub bench train` and `lioncub bench convergence`: end-to-end figures of issue 6.
+"""`lioncub bench train` and `lioncub bench convergence`: the end-to-end figures.
 
 * train: every method trains the same model for the same steps on the emulated Ethernet lab (root) at
   each link rate: step time and speedup over the allreduce baseline, the baseline's communication
@@ -14,7 +14,7 @@ import json
 import sys
 
 from lioncub.demo import SCENARIO
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
 
 CONFIGS = [(m, "none") for m in METHODS] + [("vote-1bit", "every:10"), ("l1-pbit", "every:10")]
 
@@ -146,15 +146,6 @@ def format_convergence(res: dict) -> str:
     return "\n".join(lines)
 
 
-def add_train_arguments(p) -> None:
-    p.add_argument("--bandwidth", default="100Mbit,1Gbit", help="comma-separated link rates")
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, default=100)
-    p.add_argument("--model", default="char-small")
-    p.add_argument("--configs", help="comma-separated method[@sync], e.g. allreduce,vote-1bit@every:10")
-    p.add_argument("--json", action="store_true")
-
-
 def run_train(args) -> int:
     from lioncub.lab import missing_privileges
 
@@ -164,15 +155,6 @@ def run_train(args) -> int:
     res = bench_train(args.bandwidth.split(","), args.ranks, args.steps, args.configs, args.model)
     print(json.dumps(res, indent=2) if args.json else format_train(res))
     return 0
-
-
-def add_convergence_arguments(p) -> None:
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--model", default="char-small")
-    p.add_argument("--configs", help="comma-separated method[@sync]")
-    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves here")
-    p.add_argument("--json", action="store_true")
 
 
 def run_convergence(args) -> int:
