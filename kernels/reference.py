@@ -236,8 +236,9 @@ def l1_levels(c: torch.Tensor, mult: torch.Tensor, offsets: list[int], levels: i
 def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
                   zero_parity: int = 0, layout: FieldLayout | None = None,
                   mult: torch.Tensor | None = None, offsets: list[int] | None = None,
-                  levels: int = 0) -> torch.Tensor:
-    """Form c, write the codec's packed code into `out`, update m in place (one pass on a GPU).
+                  levels: int = 0, update_momentum: bool = True) -> torch.Tensor:
+    """Form c, write the codec's packed code into `out`, update m in place unless update_momentum is False
+    (one pass on a GPU).
 
     "signs": `out` is uint8 with 8*out.numel() >= n bits (padding bits are unspecified).
     "fields": `out` holds layout.words(n) words of layout.dtype.
@@ -246,7 +247,8 @@ def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2:
     if codec.kind == "signs":
         for _, s, e in pieces(n, device=dev):  # starts are multiples of 64: whole bytes, same index parity
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, dev))
-            momentum_update_(m[s:e], g[s:e], beta2)
+            if update_momentum:
+                momentum_update_(m[s:e], g[s:e], beta2)
             pack_signs(c, out[s // 8 : e // 8 if e < n else out.numel()], zero_parity)
         return out
     _check_fields(codec)
@@ -254,7 +256,8 @@ def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2:
     scales = mult.tolist() if codec.l1 else None
     for seg, s, e in pieces(n, offsets if scales else None, dev):
         c = lion_direction(g[s:e], m[s:e], beta1, values[s:e])
-        momentum_update_(m[s:e], g[s:e], beta2)
+        if update_momentum:
+            momentum_update_(m[s:e], g[s:e], beta2)
         if scales is None:
             c.sign_().add_(1)  # sign(c) + 1, in {0, 1, 2}
         else:
@@ -415,14 +418,17 @@ def decode_update(codec: Codec, code, n: int, *, world_size: int, levels: int = 
 
 
 def unpack_apply(codec: Codec, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
-                 layout: FieldLayout | None = None) -> None:
-    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U (one pass on a GPU; in cache-sized
-    pieces on a CPU)."""
+                 layout: FieldLayout | None = None, momentum=None) -> None:
+    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U, and with momentum=(g, m, beta2) the
+    momentum update too (one pass on a GPU; in cache-sized pieces on a CPU)."""
     n = p.numel()
     onebit = codec.kind == "signs"
     if not onebit and layout.width > 16:
-        return apply_update_(p, decode_update(codec, code, n, world_size=world_size, levels=levels,
-                                              layout=layout), lr, wd)
+        apply_update_(p, decode_update(codec, code, n, world_size=world_size, levels=levels, layout=layout), lr, wd)
+        if momentum is not None:
+            g, m, beta2 = momentum
+            momentum_update_(m, g, beta2)
+        return
     fused = onebit and code[1] is not None and p.dtype == torch.float32
     for _, s, e in pieces(n, None if onebit else _planes(n, layout, code.numel()), p.device):
         if fused:  # U = sign * not-a-tie, folded into the update
@@ -434,3 +440,6 @@ def unpack_apply(codec: Codec, p, code, *, lr: float, wd: float, world_size: int
         else:
             update = _decode_piece(codec, code, s, e, world_size=world_size, levels=levels, layout=layout)
             apply_update_(p[s:e], update, lr, wd)
+        if momentum is not None:
+            g, m, beta2 = momentum
+            momentum_update_(m[s:e], g[s:e], beta2)

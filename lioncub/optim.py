@@ -1,8 +1,9 @@
-"""LionCub: Lion whose data-parallel ranks agree on a compressed update inside `step()`.
+"""LionCub: Lion whose data-parallel ranks agree on a compressed update.
 
 Do not wrap the model in DDP: the optimizer does all communication itself, for every method including
 the `allreduce` baseline, so switching methods changes one argument. Call `broadcast_parameters(model)`
-once so every rank starts from the same weights.
+once so every rank starts from the same weights. By default each bucket's exchange runs during backward,
+as soon as its gradients are final (lioncub.overlap); `step()` applies the agreed update.
 
 Parameters, gradients and momenta live in flat per-dtype buffers; each parameter's `.data` and `.grad`
 are views into them (as DDP does with gradient_as_bucket_view), so the codec kernels run once per bucket
@@ -12,6 +13,7 @@ keeps the views (a `.grad` that was set to None or replaced still works, at the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -19,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from lioncub import kernels, methods, schedules, wire
+from lioncub.overlap import Overlap
 from lioncub.transport import agree_count, allreduce_mean_, group_rank_size
 
 log = logging.getLogger("lioncub")
@@ -31,6 +34,7 @@ class CommStats:
 
     steps: int = 0
     skipped_steps: int = 0
+    overlapped_steps: int = 0  # steps whose exchange ran during backward
     momentum_syncs: int = 0
     last_bytes_sent: int = 0
     last_bytes_recv: int = 0
@@ -39,6 +43,7 @@ class CommStats:
     last_comm_s: float = 0.0
     last_apply_s: float = 0.0
     last_sync_s: float = 0.0
+    last_exposed_comm_s: float = 0.0
     total_bytes_sent: int = 0
     total_bytes_recv: int = 0
     total_collectives: int = 0
@@ -46,10 +51,16 @@ class CommStats:
     total_comm_s: float = 0.0
     total_apply_s: float = 0.0
     total_sync_s: float = 0.0
+    total_exposed_comm_s: float = 0.0
 
-    def record(self, sent, recv, collectives, quantize, comm, apply, sync):
+    def record(self, sent, recv, collectives, quantize, comm, apply, sync, exposed=None):
+        """`exposed`: the communication time the training loop waited for (default: all of comm and sync;
+        with overlap, what backward and step() waited beyond the compute)."""
+        exposed = comm + sync if exposed is None else exposed
         self.last_bytes_sent, self.last_bytes_recv, self.last_collectives = sent, recv, collectives
         self.last_quantize_s, self.last_comm_s, self.last_apply_s, self.last_sync_s = quantize, comm, apply, sync
+        self.last_exposed_comm_s = exposed
+        self.total_exposed_comm_s += exposed
         self.total_bytes_sent += sent
         self.total_bytes_recv += recv
         self.total_collectives += collectives
@@ -63,10 +74,11 @@ class CommStats:
 
 
 class Bucket:
-    """A contiguous run of whole parameters of one param group, dtype and device."""
+    """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
+    gradients come in backward (0: first), relative to its group."""
 
-    def __init__(self, group_index, params, p, g, m, offsets):
-        self.group_index, self.params = group_index, params
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0):
+        self.group_index, self.params, self.order = group_index, params, order
         self.p, self.g, self.m = p, g, m  # flat views
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
@@ -121,13 +133,15 @@ class LionCub(torch.optim.Optimizer):
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).
+        overlap: run each bucket's exchange during backward, as soon as its gradients are final (default);
+            False communicates inside step(). The results are bit-identical either way.
         timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
     """
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
                  method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
-                 skip_nonfinite: bool = True, timing: bool = False):
+                 skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         self.spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
@@ -143,7 +157,9 @@ class LionCub(torch.optim.Optimizer):
         self.stats = CommStats()
         self._step = 0
         self._momenta_identical = True
+        self._warned_regrad = False
         self._buckets = self._build_buckets()
+        self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
     # --- construction ---------------------------------------------------------------------------------
 
@@ -159,7 +175,8 @@ class LionCub(torch.optim.Optimizer):
             for (device, dtype), params in by_kind.items():
                 if dtype not in (torch.float32, torch.bfloat16, torch.float16):
                     raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
-                buckets += self._flatten(gi, params, dtype, device)
+                buckets += self._flatten(gi, params[::-1], dtype, device)  # backward's order, as DDP
+        buckets.sort(key=lambda b: b.order)  # stable: groups interleave by where their gradients come
         return buckets
 
     def _flatten(self, group_index, params, dtype, device) -> list[Bucket]:
@@ -175,15 +192,16 @@ class LionCub(torch.optim.Optimizer):
                 current, size = [], 0
         if current:
             groups.append(current)
-        starts, total = [], 0
+        starts, total, first = [], 0, [0]
         for members in groups:
+            first.append(first[-1] + len(members))
             starts.append(total)
             total += -(-sum(p.numel() for p in members) // align) * align
         P = torch.zeros(total, dtype=dtype, device=device)
         G = torch.zeros(total, dtype=dtype, device=device)
         M = torch.zeros(total, dtype=dtype, device=device)
         buckets = []
-        for start, members in zip(starts, groups):
+        for start, members, before in zip(starts, groups, first):
             bounds = [0]
             for p in members:
                 lo, n = start + bounds[-1], p.numel()
@@ -195,7 +213,8 @@ class LionCub(torch.optim.Optimizer):
                 self.state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
                 bounds.append(bounds[-1] + n)
             end = start + bounds[-1]
-            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds))
+            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds,
+                                  before / len(params)))
         return buckets
 
     # --- gradients ------------------------------------------------------------------------------------
@@ -212,24 +231,40 @@ class LionCub(torch.optim.Optimizer):
                     p.grad = b.g[offset : offset + n].view_as(p)
                 offset += n
 
-    @torch.no_grad()
     def _collect_grads(self) -> None:
-        """Bring every gradient into its bucket view: None counts as zero, a replaced tensor is copied."""
         for b in self._buckets:
-            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
-                view = b.g[start:end]
-                grad = p.grad
-                if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
-                    continue
-                if grad is None:
-                    view.zero_()
-                else:
-                    if grad.is_sparse:
-                        raise ValueError("LionCub does not support sparse gradients")
-                    view.copy_(grad.reshape(-1))
-                p.grad = view.view_as(p)
+            self._collect_bucket(b)
+
+    @torch.no_grad()
+    def _collect_bucket(self, b: Bucket) -> None:
+        """Bring every gradient of b into its bucket view: None counts as zero, a replaced tensor is copied."""
+        for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+            view = b.g[start:end]
+            grad = p.grad
+            if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
+                continue
+            if grad is None:
+                view.zero_()
+            else:
+                if grad.is_sparse:
+                    raise ValueError("LionCub does not support sparse gradients")
+                view.copy_(grad.reshape(-1))
+            p.grad = view.view_as(p)
 
     # --- the step -------------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients without communicating, as DDP's `no_sync()`: a backward inside the block
+        starts no exchange; the first backward after it does (with the accumulated gradients)."""
+        if self._overlap is None:
+            yield
+            return
+        enabled, self._overlap.enabled = self._overlap.enabled, False
+        try:
+            yield
+        finally:
+            self._overlap.enabled = enabled
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -239,15 +274,46 @@ class LionCub(torch.optim.Optimizer):
                 loss = closure()
         self._step += 1
         self.stats.steps += 1
-        self._collect_grads()
+        done = self._overlapped_pass()
+        self.stats.overlapped_steps += done is not None
+        if done is None or self.spec.dense:
+            self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
         if self.spec.dense:
-            self._step_dense(clock)
+            self._step_dense(clock, done)
         elif self.world_size == 1:
             self._step_local(clock)
+        elif done is not None:
+            self._step_overlapped(clock, done)
         else:
             self._step_compressed(clock)
         return loss
+
+    def _overlapped_pass(self) -> dict | None:
+        """What this step's backward exchanged, if it is still what step() must apply."""
+        if self._overlap is None or self._overlap.results is None:
+            return None
+        done, self._overlap.results = self._overlap.results, None
+        if done["step"] != self._step:
+            return None
+        # averaged gradients (the dense method) may be clipped or read after backward, as with DDP; a vote
+        # taken on gradients that changed since is stale and is taken again
+        if not self.spec.dense and not self._grads_as_exchanged(done["versions"]):
+            if not self._warned_regrad and self.rank == 0:
+                log.warning("LionCub: gradients changed after backward (clipping, unscaling, a new .grad); "
+                            "step() exchanges them again, without overlap. Use opt.clip_grad_norm_ to clip.")
+            self._warned_regrad = True
+            return None
+        return done
+
+    def _grads_as_exchanged(self, versions) -> bool:
+        for b, version in zip(self._buckets, versions):
+            if b.g._version != version:
+                return False
+            for p, start in zip(b.params, b.offsets):
+                if p.grad is None or p.grad.data_ptr() != b.g[start:].data_ptr():
+                    return False
+        return True
 
     def _hyper(self, b: Bucket) -> dict:
         group = self.param_groups[b.group_index]
@@ -261,10 +327,10 @@ class LionCub(torch.optim.Optimizer):
                                             grads=b.g)
         return b.exchange
 
-    def _skip(self, why: str, collectives=(), comm_s: float = 0.0) -> None:
+    def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed: float | None = None) -> None:
         self.stats.skipped_steps += 1
         sent, recv = wire.traffic(list(collectives), self.world_size)
-        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0, exposed)
         if self.rank == 0:
             log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
                         self._step, why, self.stats.skipped_steps)
@@ -277,25 +343,31 @@ class LionCub(torch.optim.Optimizer):
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         self.stats.record(0, 0, 0, 0.0, 0.0, clock() - t0, 0.0)
 
-    def _step_dense(self, clock) -> None:
+    def _step_dense(self, clock, done=None) -> None:
         t0 = clock()
-        collectives = []
-        for b in self._buckets:
-            if self.world_size > 1:
-                x = self._exchange(b)
-                x()
-                collectives += x.collectives
+        if done is not None:  # backward averaged the gradients
+            collectives, comm, exposed = done["collectives"], done["comm_s"], done["exposed_s"]
+        else:
+            collectives = []
+            for b in self._buckets:
+                if self.world_size > 1:
+                    x = self._exchange(b)
+                    x()
+                    collectives += x.collectives
+            comm = exposed = clock() - t0
         t1 = clock()
         # the reduced gradients are identical on all ranks, so this check agrees without a message
         if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
-            return self._skip("non-finite gradient", collectives, t1 - t0)
+            return self._skip("non-finite gradient", collectives, comm, exposed)
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         t2 = clock()
         sent, recv = wire.traffic(collectives, self.world_size)
-        self.stats.record(sent, recv, len(collectives), 0.0, t1 - t0, t2 - t1, 0.0)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
 
     def _step_compressed(self, clock) -> None:
+        """Communicate inside step(): agree on the non-finite flag first, then per bucket quantize (with
+        the momentum update fused), exchange and apply."""
         codec, N = self.spec.codec, self.world_size
         t_quant = t_comm = t_apply = 0.0
         t0 = clock()
@@ -331,14 +403,65 @@ class LionCub(torch.optim.Optimizer):
             td = clock()
             t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
             collectives += x.collectives
+        self._finish_compressed(clock, collectives, t_quant, t_comm, t_apply)
+
+    def _step_overlapped(self, clock, done: dict) -> None:
+        """Apply what backward agreed on, with the deferred momentum update."""
+        if done["bad"]:
+            return self._skip(f"{done['bad']} rank(s) saw a non-finite gradient", done["collectives"],
+                              done["comm_s"], done["exposed_s"])
+        t0 = clock()
+        for b, code in zip(self._buckets, done["codes"]):
+            h = self._hyper(b)
+            kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
+                                 levels=self.levels, layout=b.exchange.layout, momentum=(b.g, b.m, h["beta2"]))
+        self._finish_compressed(clock, list(done["collectives"]), done["quantize_s"], done["comm_s"],
+                                clock() - t0, exposed=done["exposed_s"])
+
+    def _finish_compressed(self, clock, collectives, t_quant, t_comm, t_apply, exposed=None) -> None:
         self._momenta_identical = False
         t_sync = 0.0
         if self.schedule.should_sync(self._step):
             ts = clock()
             collectives += self._sync_momentum()
             t_sync = clock() - ts
-        sent, recv = wire.traffic(collectives, N)
-        self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync)
+        sent, recv = wire.traffic(collectives, self.world_size)
+        self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync,
+                          None if exposed is None else exposed + t_sync)
+
+    # --- overlap: the communication thread's side (lioncub.overlap) -------------------------------------
+
+    @torch.no_grad()
+    def _encode_and_exchange(self, k: int, state: dict) -> None:
+        """Bucket k during backward: prepass, quantize without touching the momentum, exchange."""
+        b = self._buckets[k]
+        t0 = time.perf_counter()
+        self._collect_bucket(b)
+        x = self._exchange(b)
+        if not self.spec.dense:
+            h = self._hyper(b)
+            finite, mult = kernels.prepass(self.spec.codec, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
+                                           levels=self.levels)
+            state["nonfinite"] += not finite
+            kernels.quantize_pack(self.spec.codec, b.g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=(self.rank + state["step"]) % 2, layout=x.layout, mult=mult,
+                                  offsets=b.offsets, levels=self.levels, update_momentum=False)
+        t1 = time.perf_counter()
+        state["codes"][k] = x()
+        state["quantize_s"] += t1 - t0
+        state["comm_s"] += time.perf_counter() - t1
+        state["collectives"] += x.collectives
+
+    def _agree_pass(self, state: dict) -> None:
+        """The end of a backward pass: agree on the non-finite count (compressed methods) and note the
+        gradients' versions, so step() can tell whether they changed since."""
+        if not self.spec.dense:
+            t0 = time.perf_counter()
+            state["bad"] = agree_count(int(state["nonfinite"]) if self.skip_nonfinite else 0, self.process_group,
+                                       self._buckets[0].g.device)
+            state["comm_s"] += time.perf_counter() - t0
+            state["collectives"].append(wire.CONTROL)
+        state["versions"] = [b.g._version for b in self._buckets]
 
     # --- momentum -------------------------------------------------------------------------------------
 

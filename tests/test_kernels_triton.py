@@ -573,3 +573,38 @@ def test_bench_cpu_report_and_json(monkeypatch, capsys):
     gpu_like = dict(res, backend="triton", device="NVIDIA H100", targets={"x": True})
     text = bench.format_report(gpu_like)
     assert "torch twins (same device)" in text and "NVIDIA H100" in text
+
+
+DEFERRED_CASES = [("vote-1bit", 4, None), ("vote-1bit", 3, None)] + PBIT_CASES
+
+
+@pytest.mark.parametrize("method, N, levels", DEFERRED_CASES)
+@pytest.mark.parametrize("n", [77, 1001])
+def test_deferred_momentum_equals_the_fused_update(T, tiles, method, N, levels, n):
+    """The overlapped step quantizes without touching m and updates m in unpack_apply: the same code,
+    parameters and momentum as the fused path, bit for bit, in Triton and in the twin."""
+    meth = methods.get(method)
+    s = meth.resolve_levels(N, levels) if meth.uses_levels else 0
+    dtype = DTYPES[n % 3]
+    g, m = make_gm(n, dtype, seed=n + 1)
+    p = torch.randn(n, generator=torch.Generator().manual_seed(n)).to(dtype).to(DEVICE)
+    offsets = random_offsets(n, seed=N)
+    x = meth.exchange(n, DEVICE, None, levels=s, world_size=N)
+    results = []
+    for ops in (T, ref):
+        for deferred in (False, True):
+            mm, pp, code = m.clone(), p.clone(), x.code.clone().zero_()
+            _, mult = ops.prepass(meth.codec, g, mm, beta1=B1, offsets=offsets, levels=s)
+            ops.quantize_pack(meth.codec, g, mm, code, beta1=B1, beta2=B2, zero_parity=1, layout=x.layout,
+                              mult=mult, offsets=offsets, levels=s, update_momentum=not deferred)
+            if meth.codec.kind == "signs":  # every rank voted like this one: the agreed planes are its bits
+                agreed = (code[: -(-n // 8)], torch.full_like(code[: -(-n // 8)], 255) if N % 2 == 0 else None)
+            else:
+                agreed = code * N  # N identical rank codes summed; fields are wide enough for N copies
+            ops.unpack_apply(meth.codec, pp, agreed, lr=LR, wd=WD, world_size=N, levels=s, layout=x.layout,
+                             momentum=(g, mm, B2) if deferred else None)
+            results.append((code, pp, mm))
+    code0, p0, m0 = results[0]
+    assert not torch.equal(m0, m) and not torch.equal(p0, p)
+    for code1, p1, m1 in results[1:]:
+        assert torch.equal(code1, code0) and torch.equal(p1, p0) and torch.equal(m1, m0)
