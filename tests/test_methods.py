@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torch
+from lioncub.simulator import Cluster, simulate_collective, simulate_step
 
 from lioncub import LionCub, autotune, methods, wire
 from lioncub.cli import build_parser
-from lioncub.simulator import Cluster, simulate_collective, simulate_step
 
 NAMES = list(methods.NAMES)
 
