@@ -13,7 +13,7 @@ import pytest
 from lioncub.simulator import BackendProfile
 
 from lioncub.calibrate import calibrate_lab, fit, predict
-from lioncub.lab import Lab, missing_privileges, netns
+from lioncub.lab import Lab, missing_privileges, netns, probes
 
 MiB = 2**20
 WHY = missing_privileges()
@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.root, pytest.mark.skipif(WHY is not None, reason=WHY o
 def test_quick_lab_calibration_predicts_a_held_out_setting(tmp_path):
     with Lab(hosts=4, bandwidth="1Gbit") as lab:
         raw = calibrate_lab(ranks=4, bandwidth="1Gbit", quick=True, progress=False, lab=lab)
-        held_out = lab.bench_many([
+        held_out = probes.bench_many(lab, [
             {"op": op, "size": size, "ranks": 3, "bandwidth": "500Mbit", "repeat": 3, "warmup": 1}
             for op, size in (("allreduce", 8 * MiB), ("alltoall", 8 * MiB), ("l1-pbit", 32 * MiB))])
         run_id = lab.network.run_id

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shutil
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lioncub.lab import Lab, LabError, missing_privileges, netns
+from lioncub.lab import Lab, LabError, missing_privileges, netns, probes
 
 WHY = missing_privileges()
 RANK = str(Path(__file__).with_name("lab_rank.py"))
@@ -164,16 +163,13 @@ def line_bound(sent: float, r: dict) -> float:
 
 @needs_root
 def test_bench_many_in_one_lab():
-    probes = [
+    wanted = [
         {"op": "allreduce", "size": "4MiB", "repeat": 3},
         {"op": "allreduce", "size": "4MiB", "repeat": 3, "ranks": 2, "bandwidth": "1Gbit"},
         {"op": "alltoall", "size": "8MiB", "repeat": 3, "ranks": 2, "bandwidth": "1Gbit"},
-    ]
-    if importlib.util.find_spec("lioncub.transport"):
-        probes += [{"op": op, "size": "4MiB", "repeat": 2, "ranks": 2, "bandwidth": "1Gbit"}
-                   for op in ("vote-1bit", "l1-pbit")]
+    ] + [{"op": op, "size": "4MiB", "repeat": 2, "ranks": 2, "bandwidth": "1Gbit"} for op in ("vote-1bit", "l1-pbit")]
     with Lab(hosts=3, bandwidth="100Mbit") as lab:
-        res = lab.bench_many(probes)
+        res = probes.bench_many(lab, wanted)
         rid = lab.network.run_id
     first, second = res[0], res[1]
     assert (first["ranks"], first["bandwidth_bps"], second["ranks"], second["bandwidth_bps"]) == (

@@ -17,8 +17,8 @@ From Python:
     default_lab_profile()   # the bundled calibration of the lab's Gloo (lioncub/data/gloo-lab.json)
 
 `lioncub lab validate` (validate.py) calibrates from one lab setting and tabulates predicted against
-measured times in settings the fit did not see (docs/VALIDATION.md). The command's argument handling and
-output are in cli.py.
+measured times in settings the fit did not see (docs/VALIDATION.md). The commands' argument handling and
+output are in cli.py (`lab validate` is registered by the lab's CLI and runs `cli.validate`).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`lioncub calibrate`: its options, the run and the printed summary."""
+"""`lioncub calibrate` (and the command side of `lioncub lab validate`, which the lab CLI registers)."""
 
 from __future__ import annotations
 
@@ -139,3 +139,12 @@ def _print_summary(s: dict) -> None:
         print(f"    {r['op']:<15} {format_size(r['size']):>10}  measured {format_time(r['measured']):>9} "
               f"({r['statistic']})  predicted {format_time(r['predicted']):>9}  {100 * r['rel_error']:+6.1f}%")
 
+
+# ---- `lioncub lab validate` (registered by the lab's CLI) ------------------------------------------------
+def validate(args) -> int:
+    from .validate import run, summary_line
+
+    res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
+              save_profile=args.save_profile)
+    print(summary_line(res, args.output))
+    return 0

@@ -22,7 +22,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from lioncub import wire
+from lioncub.simulator.collectives import COMPOSITES, composite_collectives
 
 from . import calibrate_lab
 from .fit import MEANINGS, fit, predict
@@ -31,7 +31,6 @@ MiB = 2**20
 CALIBRATION = (4, 500e6)
 SETTINGS = ((2, 1e9), (3, 250e6), (4, 100e6), (4, 1e9), (6, 250e6), (8, 500e6))
 PRIMITIVES = ("allreduce", "allgather", "alltoall")
-COMPOSITES = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "momentum-sync")
 PRIMITIVE_SIZES = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 COMPOSITE_SIZES = (4 * MiB, 16 * MiB, 64 * MiB)
 TARGET_BYTES = 4 * MiB  # the target applies to ops that move at least this much per rank
@@ -43,7 +42,7 @@ def moved_bytes(op: str, size: int, ranks: int) -> int:
     collectives it issues): SIZE itself for a plain op, far less for a compressed composite."""
     if op in PRIMITIVES or op == "momentum-sync":
         return int(size)
-    return sum(c.nbytes for c in wire.vote_collectives(op, wire.composite_elements(int(size)), ranks))
+    return sum(c.nbytes for c in composite_collectives(op, size, ranks))
 
 
 def _line_seconds(op: str, size: int, ranks: int, rate: float) -> float:
@@ -142,6 +141,7 @@ def run(output: str | None = "docs/VALIDATION.md", json_path: str | None = None,
     """Calibrate at `calibration` (ranks, bit/s), measure `settings`, predict, write the markdown. With
     save_profile, also write the calibrated profile there and its provenance beside it (.meta.json)."""
     from lioncub.lab import Lab
+    from lioncub.lab.probes import bench_many
 
     t_start = time.time()
     load_before = os.getloadavg()
@@ -157,7 +157,7 @@ def run(output: str | None = "docs/VALIDATION.md", json_path: str | None = None,
             for ranks, rate in settings:
                 group = [p for p in probes if p["ranks"] == ranks and p["bandwidth"] == rate]
                 bench = [{k: v for k, v in p.items() if k != "round"} for p in group]
-                measured += ticker.group(estimate_seconds(group), lambda bench=bench: lab.bench_many(bench))
+                measured += ticker.group(estimate_seconds(group), lambda bench=bench: bench_many(lab, bench))
     finally:
         ticker.close()
     profile, cal_report = fit(raw["measurements"], raw.get("host_kernels"), base="gloo", name="gloo-lab")
@@ -242,6 +242,13 @@ def _stats(rows: list[dict]) -> dict | None:
     errs = sorted(abs(r["rel_error"]) for r in rows)
     return {"n": len(errs), "median": statistics.median(errs), "worst": errs[-1],
             "within_10": sum(e <= 0.10 for e in errs), "within_25": sum(e <= 0.25 for e in errs)}
+
+
+def summary_line(res: dict, output: str | None) -> str:
+    """One line: where the table went and whether the target was met."""
+    t = res["summary"]["target"]
+    return (f"wrote {output}: target rows {t['n'] if t else 0}, median |error| {_pct(t and t['median'])}, "
+            f"worst {_pct(t and t['worst'])} -> target {'met' if res['summary']['target_met'] else 'missed'}")
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -438,32 +445,3 @@ Gloo's source, not as corrections of the final answer:
 * **Host kernels:** the vote of the 1-bit methods runs between or after their collectives, on the CPU
   cores all ranks share; its speed is measured at calibration and added to the transport's time.
 """
-
-
-# ---- `lioncub lab validate` -----------------------------------------------------------------------------
-def register_lab_validate(lsub, guard) -> None:
-    v = lsub.add_parser(
-        "validate",
-        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
-        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
-        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
-        "from the calibration, and write the table of predicted against measured with the median and "
-        "worst error. Needs root; about 8 minutes (--quick: about 3).",
-    )
-    v.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
-    v.add_argument("--json", default=None, metavar="FILE", help="also write every measurement and prediction")
-    v.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
-    v.add_argument("--save-profile", default=None, metavar="FILE",
-                   help="also write the calibrated profile (and FILE.meta.json, its provenance); "
-                   "lioncub/data/gloo-lab.json is made this way")
-    v.add_argument("--no-progress", action="store_true", help="no progress bar")
-    v.set_defaults(func=guard(_validate))
-
-
-def _validate(args) -> int:
-    res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
-              save_profile=args.save_profile)
-    t = res["summary"]["target"]
-    print(f"wrote {args.output}: target rows {t['n'] if t else 0}, median |error| {_pct(t and t['median'])}, "
-          f"worst {_pct(t and t['worst'])} -> target {'met' if res['summary']['target_met'] else 'missed'}")
-    return 0
