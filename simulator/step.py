@@ -1,16 +1,19 @@
 """Training-step model: compute, codec kernels, communication and how much of it is exposed.
 
-Baseline (`method="allreduce"`): PyTorch DDP. Gradients are grouped into buckets of `bucket_mb` MiB
-(in reverse layer order); a bucket's allreduce can start once backward has produced it, and buckets are
-reduced one after another on one communication stream, overlapping the rest of backward. Only the tail
-that outlasts backward is exposed. Then every rank runs the Lion update locally. With `overlap=False`
-every bucket waits for the end of backward, as in `LionCub(method="allreduce")`, which communicates
-inside step().
+Baseline (`method="allreduce"`): PyTorch DDP, and LionCub's allreduce. Gradients are grouped into buckets
+of `bucket_mb` MiB (in reverse layer order); a bucket's allreduce can start once backward has produced it,
+and buckets are reduced one after another on one communication stream, overlapping the rest of backward.
+Only the tail that outlasts backward is exposed. Then every rank runs the Lion update locally.
 
-lioncub methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`): after backward, one
-control allreduce (lioncub.wire.CONTROL), then per bucket: encode (codec kernel), the method's collectives
-(its `collectives` in lioncub.methods), decode; then the update. Every K steps the momentum is averaged with an
-fp32 allreduce of all parameters (bucketed the same way); that cost is amortized as 1/K per step.
+lioncub's compressed methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`) overlap the
+same way (lioncub.overlap): per bucket, once backward has produced it, encode (codec kernel) and the
+method's collectives (its `collectives` in lioncub.methods), one bucket after another; at the end of
+backward one control allreduce (lioncub.wire.CONTROL); then decode and update. Every K steps the momentum
+is averaged with an fp32 allreduce of all parameters (bucketed the same way) after the update; that cost
+is amortized as 1/K per step.
+
+With `overlap=False` every bucket waits for the end of backward, as `LionCub(..., overlap=False)` does (it
+communicates inside step(): the control allreduce first, then the buckets).
 
 Kernel times are bytes moved through device memory / `memory_bandwidth`:
   Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
@@ -113,9 +116,9 @@ def simulate_step(
     algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
         "op=alg,..." (see simulate_collective).
     grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
-    overlap: the allreduce baseline reduces each bucket as soon as backward has produced it, overlapping
-        the rest of backward, as DDP does (True); or after backward, as `LionCub(method="allreduce")`
-        does, since it communicates inside step() (False). Applies to the baseline of other methods too.
+    overlap: each bucket is exchanged as soon as backward has produced it, overlapping the rest of
+        backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
+        (False). Applies to the baseline of other methods too.
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
@@ -146,7 +149,10 @@ def simulate_step(
         codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw))
     buckets = _buckets(P, bucket_mb * 2**20)
     if meth.dense:
-        t = _dense_step(run, buckets, P, N, times, wire.DTYPE_BYTES[grad_dtype], overlap)
+        t = _overlapped_step(run, "allreduce", buckets, P, N, times, overlap, wire.DTYPE_BYTES[grad_dtype])
+    elif overlap:
+        t = _overlapped_step(run, meth.name, buckets, P, N, times, True, 4, control=True)
+        _add_momentum_sync(t, run, buckets, N, K)
     else:
         t = _vote_step(run, meth.name, buckets, N, times, K)
     step = compute
@@ -207,9 +213,11 @@ def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backwar
     return int(P), K, compute, mem_bw
 
 
-def _dense_step(run, buckets, P, N, times, size, overlap) -> dict:
-    """DDP: bucket i is ready when backward has produced it; one stream reduces buckets in order, and
-    only the tail that outlasts backward is exposed."""
+def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control=False) -> dict:
+    """DDP, and LionCub with overlap: bucket i is ready when backward has produced it; one stream (LionCub:
+    one thread) encodes and exchanges the buckets in order, then (compressed methods) sends the step's
+    control message; only the tail that outlasts backward is exposed. `elem_bytes`: the SIZE of the
+    bucket's op per parameter (the gradient dtype for allreduce, 4 for the composites)."""
     done, end, comm, codec, sent, colls = 0, times["fwd"], 0.0, 0.0, 0.0, []
     for e in buckets:
         done += e
@@ -217,12 +225,17 @@ def _dense_step(run, buckets, P, N, times, size, overlap) -> dict:
         t_codec = times["codec_bytes"] * e / times["codec_bw"]
         t_comm = 0.0
         if N > 1:
-            r = run("allreduce", e * size)
+            r = run(op, e * elem_bytes)
             t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
-            _tally(colls, "allreduce", r.algorithm, e * size, r.seconds)
+            _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds)
         end = max(end, ready) + t_codec + t_comm
         comm += t_comm
         codec += t_codec
+    if control and N > 1:
+        r = run("allreduce", wire.CONTROL.nbytes)
+        end = max(end, times["fwd"] + times["bwd"]) + r.seconds
+        comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
+        _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
     exposed = max(0.0, end - (times["fwd"] + times["bwd"]))
     return dict(codec=codec, comm=comm, exposed=exposed, tail=[exposed], msync=0.0, sent=sent, collectives=colls)
 
@@ -241,16 +254,27 @@ def _vote_step(run, method, buckets, N, times, K) -> dict:
             r = run(method, 4 * e)
             comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
             _tally(colls, method, r.algorithm, 4 * e, r.seconds)
-    if K is not None and N > 1:
-        total, bytes_ = 0.0, 0.0
-        for e in buckets:
-            r = run("momentum-sync", 4 * e)
-            total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
-            _tally(colls, "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
-        msync = total / K
-        comm += msync
-        sent += bytes_ / K
-    return dict(codec=codec, comm=comm, exposed=comm, tail=[codec, comm], msync=msync, sent=sent, collectives=colls)
+    t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, collectives=colls)
+    _add_momentum_sync(t, run, buckets, N, K)
+    t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
+    return t
+
+
+def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
+    """Every K steps step() averages the momenta (fp32, bucketed the same way), after backward: exposed,
+    amortized as 1/K per step."""
+    if K is None or N == 1:
+        return
+    total, bytes_ = 0.0, 0.0
+    for e in buckets:
+        r = run("momentum-sync", 4 * e)
+        total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
+        _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
+    t["msync"] = total / K
+    t["comm"] += t["msync"]
+    t["exposed"] += t["msync"]
+    t["tail"].append(t["msync"])
+    t["sent"] += bytes_ / K
 
 
 def _tally(colls, what, alg, nbytes, seconds, per_step=1.0):

@@ -35,8 +35,8 @@ def check_against_simulator(res, cluster, params, compute, max_risk=math.inf, **
 
 
 def test_fast_network_small_model_recommends_the_baseline():
-    # 25M parameters on 100 Gbit/s: DDP hides the fp32 allreduce behind backward; lioncub's methods
-    # communicate after backward, so the baseline is simply fastest
+    # 25M parameters on 100 Gbit/s: every method's communication hides behind backward, so the compressed
+    # ones save at most a few percent, which does not pay for their convergence risk
     cluster = Cluster.for_ranks(8, bandwidth="100Gbit", latency="5us")
     params, compute = 25_000_000, 0.05
     res = autotune.search(cluster, params, compute, momentum_syncs=SCHEDS, bucket_mbs=[4, 25])
@@ -46,9 +46,10 @@ def test_fast_network_small_model_recommends_the_baseline():
         for lv in (autotune.l1_levels_candidates(8) if m == "l1-pbit" else [None]):
             expected |= {(m, lv, s, b) for s in SCHEDS for b in (4, 25)}
     assert {(c.method, c.levels, c.momentum_sync, c.bucket_mb) for c in res.candidates} == expected
-    assert res.ranked[0].method == "allreduce"
+    best_ar = next(c for c in res.ranked if c.method == "allreduce")
+    assert best_ar.step_seconds / res.ranked[0].step_seconds < 1.05
     rec, verdict = autotune.recommend(res)
-    assert rec is res.ranked[0] and "does not pay here" in verdict
+    assert rec is best_ar and "does not pay" in verdict
 
     # 2M parameters (one bucket, nothing to overlap): a 1-bit vote is a few percent faster, which does not
     # pay for its convergence risk: the baseline is recommended, and the verdict says so

@@ -72,9 +72,10 @@ def test_baseline_without_overlap_reduces_after_backward():
 
 
 def test_vote_1bit_step_and_momentum_sync_amortization():
+    """LionCub(..., overlap=False): the control allreduce and every bucket after backward."""
     p, P, mb, K = 4, 30_000_000, 25, 10
     cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
-    kw = dict(params=P, bucket_mb=mb, compute_seconds=0.1, backend="ideal", memory_bandwidth=MEM)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=0.1, backend="ideal", memory_bandwidth=MEM, overlap=False)
     r = simulate_step(cluster, "vote-1bit", **kw)
     rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
     planes = 2  # even world size: majority sign + "not a tie"
@@ -94,6 +95,40 @@ def test_vote_1bit_step_and_momentum_sync_amortization():
     per_step_bits = (p - 1) / p * (1 + planes) * P
     assert r.bytes_sent_per_rank == pytest.approx(per_step_bits / 8, rel=0.01)
     assert rk.bytes_sent_per_rank - r.bytes_sent_per_rank == pytest.approx(2 * (p - 1) / p * 4 * P / K, rel=0.01)
+
+
+@pytest.mark.parametrize("compute", [0.005, 0.5])
+def test_overlapped_vote_encodes_and_exchanges_buckets_during_backward(compute):
+    """LionCub's default: each bucket's codec and collectives start once backward has produced it, one
+    bucket after another; the control allreduce follows backward; momentum syncs come after the update."""
+    p, P, mb, K = 4, 30_000_000, 25, 10
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=compute, backend="ideal", memory_bandwidth=MEM)
+    r = simulate_step(cluster, "vote-1bit", **kw)
+    rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
+    codec_per_elem = r.codec_seconds / P
+    fwd, bwd = compute / 3, compute * 2 / 3
+    end, done, comm, msync = fwd, 0, 0.0, 0.0
+    for e in buckets(P, mb):
+        done += e
+        chunk = math.ceil(e / (8 * p))
+        t = alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+        end = max(end, fwd + bwd * done / P) + codec_per_elem * e + t
+        comm += t
+        msync += allreduce_best(p, 4 * e)
+    end = max(end, compute) + allreduce_best(p, 4)
+    exposed = end - compute
+    assert r.communication_seconds == pytest.approx(comm + allreduce_best(p, 4), rel=0.01)
+    assert r.exposed_communication_seconds == pytest.approx(exposed, rel=0.01)
+    assert r.step_seconds == pytest.approx(compute + exposed + 20 * P / MEM, rel=0.01)
+    assert rk.step_seconds - r.step_seconds == pytest.approx(msync / K, rel=0.01)
+    after = simulate_step(cluster, "vote-1bit", overlap=False, **kw)
+    assert r.step_seconds < after.step_seconds
+    if compute == 0.5:  # a long backward hides all but the last bucket and the control message
+        last = buckets(P, mb)[-1]
+        chunk = math.ceil(last / (8 * p))
+        tail = codec_per_elem * last + alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+        assert r.exposed_communication_seconds == pytest.approx(tail + allreduce_best(p, 4), rel=0.01)
 
 
 def test_pbit_composite_sends_the_field_width_for_n_ranks():

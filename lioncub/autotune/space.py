@@ -309,8 +309,8 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
     elif best.method == "allreduce":
         verdict = (f"compression does not pay here: the allreduce baseline is fastest "
-                   f"({format_time(best.step_seconds)}/step; its communication mostly hides behind backward, "
-                   f"while lioncub's methods add codec time and communicate after backward). Use allreduce.")
+                   f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
+                   f"the compressed methods' does, and they add codec time). Use allreduce.")
     elif ar is not None and ar.step_seconds / best.step_seconds < min_speedup:
         verdict = (f"compression does not pay enough: the best compressed configuration ({best.label()}) is only "
                    f"{ar.step_seconds / best.step_seconds:.2f}x faster than allreduce (< --min-speedup "
