@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from lioncub.methods import NAMES as METHODS
+from lioncub.wire import bus_factor
 
 
 def transformer_shapes(target_params: int, vocab: int = 96, block: int = 256) -> list[tuple]:
@@ -141,7 +142,7 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
     n = sum(torch.Size(s).numel() for s in shapes)
     per_rank = spawn(_rank_main, ranks, shapes, methods, steps, rounds, public, timeout=1800)
     ms = {k: max(r["ms"][k] for r in per_rank) for k in per_rank[0]["ms"]}  # the slowest rank sets the pace
-    base_bytes = per_rank[0]["bytes"].get("allreduce") or 2 * (ranks - 1) / ranks * 4 * n
+    base_bytes = per_rank[0]["bytes"].get("allreduce") or bus_factor("allreduce", ranks) * 4 * n
     rows = []
     for name, t in ms.items():
         b = per_rank[0]["bytes"].get(name)

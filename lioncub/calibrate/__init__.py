@@ -29,8 +29,9 @@ import sys
 from pathlib import Path
 
 from lioncub.simulator import BackendProfile
+from lioncub.wire import bus_factor
 
-from .fit import MEANINGS, CalibrationError, fit, host_kernel_figures, predict, report
+from .fit import MEANINGS, SIM_OP, CalibrationError, fit, host_kernel_figures, predict, report
 
 MiB = 2**20
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -67,9 +68,12 @@ def default_lab_profile_info() -> dict:
 
 # ---- what to measure ----------------------------------------------------------------------------------
 def _wire_seconds(op: str, size: int, ranks: int, rate_bps: float) -> float:
-    """Rough line time of one call (for budgets; all-to-all counted at half speed)."""
-    f = {"allreduce": 2 * (ranks - 1) / ranks, "reduce_scatter": 2 * (ranks - 1) / ranks, "p2p": 2.0,
-         "alltoall": 2 * (ranks - 1) / ranks}.get(op, (ranks - 1) / ranks)
+    """Rough line time of one call (for budgets): a ping-pong sends SIZE both ways; Gloo's reduce-scatter
+    costs about a full all-reduce, and all-to-all is counted at half speed."""
+    if op == "p2p":
+        f = 2.0
+    else:
+        f = bus_factor(SIM_OP[op], ranks) * (2 if op in ("reduce_scatter", "alltoall") else 1)
     return f * size / (rate_bps / 8 * 0.95)
 
 

@@ -23,6 +23,7 @@ import time
 from datetime import datetime, timezone
 
 from lioncub.simulator.collectives import COMPOSITES, composite_collectives
+from lioncub.wire import bus_factor
 
 from . import calibrate_lab
 from .fit import MEANINGS, fit, predict
@@ -47,9 +48,8 @@ def moved_bytes(op: str, size: int, ranks: int) -> int:
 
 def _line_seconds(op: str, size: int, ranks: int, rate: float) -> float:
     moved = moved_bytes(op, size, ranks)
-    f = (ranks - 1) / ranks
-    if op in ("allreduce", "momentum-sync") or op.endswith("pbit"):
-        f *= 2
+    # the p-bit methods and momentum sync all-reduce; the sign votes gather or exchange
+    f = bus_factor("allreduce" if op in ("allreduce", "momentum-sync") or op.endswith("pbit") else "allgather", ranks)
     if op in ("alltoall", "vote-1bit"):
         f *= 1.7  # Gloo's all-to-all serializes part of its exchanges
     return f * moved / (rate / 8 * 0.95)

@@ -30,6 +30,7 @@ import time
 
 from lioncub.simulator.collectives import COMPOSITES, composite_elements
 from lioncub.simulator.units import format_rate, parse_rate, parse_size
+from lioncub.wire import DTYPE_BYTES
 
 from .lab import Lab, ranks_per_host_for
 
@@ -37,7 +38,6 @@ PLAIN_OPS = ("allreduce", "allgather", "alltoall", "reduce_scatter")
 COMPOSITE_OPS = COMPOSITES
 OPS = PLAIN_OPS + COMPOSITE_OPS
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "uint8")
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8, "uint8": 1}
 DEFAULTS = {"repeat": 5, "warmup": 1, "dtype": "float32", "levels": None}
 
 
@@ -77,7 +77,7 @@ def _make_op(p: dict, world: int):
         n = composite_elements(size)
         return composite_op(op, n, group=None, levels=p["levels"]), 4 * n, {"n_elements": n}
     dtype = getattr(torch, p["dtype"])
-    n = max(1, size // _ITEMSIZE[p["dtype"]])
+    n = max(1, size // DTYPE_BYTES[p["dtype"]])
     per = max(1, n // world)  # the per-rank share of gathered/scattered buffers
     if op == "allreduce":
         x = torch.zeros(n, dtype=dtype)

@@ -20,6 +20,7 @@ from lioncub.distributed import broadcast_parameters
 from lioncub.optim import LionCub
 from lioncub.train.data import Blobs, CharText
 from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.transport import group_rank_size
 
 MODELS = tuple(PRESETS) + ("mlp",)
 
@@ -118,8 +119,7 @@ def _mean_over_ranks(value: float) -> float:
 def evaluate(model, data, cfg: TrainConfig) -> float:
     """Mean loss over fixed validation batches, averaged over ranks (every rank gets the same number)."""
     model.eval()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = group_rank_size()
     losses = []
     for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
@@ -133,8 +133,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     summary holds the per-step records."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = group_rank_size()
     model, data = build(cfg)
     broadcast_parameters(model)
     opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
