@@ -144,11 +144,29 @@ def test_calibration_file_is_used(tmp_path, capsys):
     (["--model", "mlp", *SLOW, "--calibration", "/nonexistent/cal.json"], "calibration"),
     (["--params", "lots", *SLOW], "--params"),
     (["--model", "mlp", "--ranks", "4", "--bandwidth=0Gbit"], "bandwidth must be positive"),
+    (["--model", "mlp", *SLOW, "--output", "/nonexistent/dir/cfg.json"], "--output /nonexistent/dir/cfg.json: no such"),
+    (["--model", "mlp", *SLOW, "--output", "/"], "is a directory"),
 ])
 def test_bad_input_is_a_clear_error(argv, match, capsys):
     assert main(["autotune", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lioncub: error:") and match in err and "Traceback" not in err
+
+
+def test_the_pilot_overrules_the_simulator_only_when_a_run_reaches_the_target():
+    from types import SimpleNamespace
+
+    def cand(name, step):
+        return SimpleNamespace(label=lambda: name, step_seconds=step)
+
+    pick, other = cand("vote-1bit", 0.01), cand("l1-pbit", 0.02)
+    runs = lambda *rs: {"runs": [dict(candidate=c, time_to_target=t, steps_to_target=k) for c, t, k in rs]}
+    rec, verdict = autotune.pilot_verdict(pick, "vote-1bit pays.", runs((other, 0.2, 10), (pick, 0.3, 30)))
+    assert rec is other and verdict.startswith("the pilot overrides the simulator's pick (vote-1bit): l1-pbit")
+    assert autotune.pilot_verdict(pick, "vote-1bit pays.", runs((pick, 0.3, 30), (other, 0.4, 20))) == (
+        pick, "vote-1bit pays. The pilot agrees: it reaches the target loss first in predicted time.")
+    assert autotune.pilot_verdict(pick, "vote-1bit pays.", runs((other, None, None), (pick, None, None))) == (
+        pick, "vote-1bit pays.")
 
 
 def test_pilot_ranking_by_predicted_time_to_target(monkeypatch):
