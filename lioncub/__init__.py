@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LionCub": "lioncub.optim",
+    "Lion": "lioncub.lion",
     "lion_step": "lioncub.optim",
     "broadcast_parameters": "lioncub.distributed",
     "init_distributed": "lioncub.distributed",

@@ -44,6 +44,7 @@ class CommStats:
     last_apply_s: float = 0.0
     last_sync_s: float = 0.0
     last_exposed_comm_s: float = 0.0
+    last_backward_wait_s: float = 0.0  # the part of last_exposed_comm_s that backward waited for
     total_bytes_sent: int = 0
     total_bytes_recv: int = 0
     total_collectives: int = 0
@@ -110,8 +111,8 @@ def _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype):
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas}; Lion's defaults are (0.9, 0.99)")
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    if bucket_mb is not None and not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0 (or None for lioncub.wire.auto_bucket_mb), got {bucket_mb}")
     if grad_wire_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"grad_wire_dtype must be torch.float32 or torch.bfloat16, got {grad_wire_dtype}")
 
@@ -129,7 +130,7 @@ class LionCub(torch.optim.Optimizer):
             (lioncub.EveryK, FirstSteps, Geometric).
         process_group: the data-parallel group (default: the world, or none if not initialised).
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of
-            collectives per bucket.
+            collectives per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.wire.auto_bucket_mb).
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).
@@ -140,7 +141,7 @@ class LionCub(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
                  method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
-                 process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
+                 process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         self.spec = methods.get(method)
@@ -152,7 +153,10 @@ class LionCub(torch.optim.Optimizer):
         self.schedule = schedules.resolve(momentum_sync)
         if self.spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", self.method)
-        self.bucket_bytes = int(bucket_mb * 2**20)
+        if bucket_mb is None:
+            bucket_mb = wire.auto_bucket_mb(sum(p.numel() * p.element_size() for g in self.param_groups
+                                                for p in g["params"] if p.requires_grad))
+        self.bucket_mb, self.bucket_bytes = bucket_mb, int(bucket_mb * 2**20)
         self.grad_wire_dtype, self.skip_nonfinite, self.timing = grad_wire_dtype, skip_nonfinite, timing
         self.stats = CommStats()
         self._step = 0
@@ -276,6 +280,7 @@ class LionCub(torch.optim.Optimizer):
         self.stats.steps += 1
         done = self._overlapped_pass()
         self.stats.overlapped_steps += done is not None
+        self.stats.last_backward_wait_s = 0.0 if done is None else done["exposed_s"]
         if done is None or self.spec.dense:
             self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))

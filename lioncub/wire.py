@@ -129,6 +129,13 @@ def momentum_sync_collectives(n: int) -> list[Collective]:
     return [Collective("allreduce", 4 * n, "float32")]
 
 
+def auto_bucket_mb(total_bytes: float) -> float:
+    """LionCub's default bucket size for parameters of `total_bytes` bytes: about 8 buckets, so that the
+    exchange of the first ones overlaps the rest of backward, each between 1 MiB (DDP's first bucket: fewer
+    bytes and the per-collective costs dominate) and 25 MiB (DDP's bucket_cap_mb)."""
+    return min(25.0, max(1.0, total_bytes / 8 / 2**20))
+
+
 def bus_factor(op: str, ranks: int) -> float:
     """Bytes each rank sends per byte of the collective's SIZE with a bandwidth-optimal algorithm (the
     nccl-tests bus-bandwidth factor): 2(p-1)/p for all-reduce, (p-1)/p for all-gather, reduce-scatter and

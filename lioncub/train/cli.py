@@ -7,6 +7,7 @@ import os
 import sys
 
 from lioncub.methods import NAMES as METHODS
+from lioncub.train import DDP_LION
 
 MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
 
@@ -18,7 +19,8 @@ def register(sub) -> None:
                                    "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
     p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")
     p.add_argument("--model", choices=MODEL_CHOICES)
-    p.add_argument("--method", choices=METHODS)
+    p.add_argument("--method", choices=METHODS + (DDP_LION,),
+                   help=f"a LionCub method, or {DDP_LION} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
     p.add_argument("--momentum-sync", dest="momentum_sync",
                    help="none, K, every:K, first:K:M or geometric:K (default none)")
@@ -28,6 +30,8 @@ def register(sub) -> None:
     p.add_argument("--batch-size", dest="batch_size", type=int, help="per rank")
     p.add_argument("--block-size", dest="block_size", type=int)
     p.add_argument("--bucket-mb", dest="bucket_mb", type=float)
+    p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
+                   help="communicate inside step() instead of during backward")
     p.add_argument("--seed", type=int)
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
@@ -50,7 +54,7 @@ def config_from_args(args):
             base = json.load(f)
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
+                "block_size", "bucket_mb", "overlap", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value

@@ -15,14 +15,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lioncub import schedules
+from lioncub import methods, schedules, wire
 from lioncub.distributed import broadcast_parameters
+from lioncub.lion import Lion
 from lioncub.optim import LionCub
+from lioncub.train import DDP_LION
 from lioncub.train.data import Blobs, CharText
 from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.transport import group_rank_size
 
 MODELS = tuple(PRESETS) + ("mlp",)
+METHODS = methods.NAMES + (DDP_LION,)
 
 
 @dataclass
@@ -39,8 +42,9 @@ class TrainConfig:
     steps: int = 100
     batch_size: int = 16
     block_size: int = 64
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None  # None: LionCub's default (lioncub.wire.auto_bucket_mb)
     grad_wire_dtype: str = "float32"
+    overlap: bool = True
     seed: int = 0
     eval_batches: int = 8
     checkpoint_dir: str | None = None
@@ -51,6 +55,8 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2:
             raise ValueError("steps and batch_size must be >= 1 and block_size >= 2")
         schedules.parse(self.momentum_sync)  # validate early
@@ -136,9 +142,9 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     rank, world = group_rank_size()
     model, data = build(cfg)
     broadcast_parameters(model)
-    opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                  method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
-                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype)
+    opt, net = make_optimizer(cfg, model), model
+    if cfg.method == DDP_LION and dist.is_initialized():
+        net = torch.nn.parallel.DistributedDataParallel(model)
     start, records = 0, []
     if cfg.resume and cfg.checkpoint_dir:
         found = _latest_checkpoint(cfg.checkpoint_dir)
@@ -160,15 +166,13 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         t0 = time.perf_counter()
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
         opt.zero_grad()
-        _, loss = model(x, y)
+        _, loss = net(x, y)
         loss.backward()
         t1 = time.perf_counter()
         opt.step()
         t2 = time.perf_counter()
-        s = opt.stats
-        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, compute_s=t1 - t0,
-                            codec_s=s.last_quantize_s + s.last_apply_s, comm_s=s.last_comm_s + s.last_sync_s,
-                            bytes_sent=s.last_bytes_sent, lr=opt.param_groups[0]["lr"]))
+        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, lr=opt.param_groups[0]["lr"],
+                            **_step_figures(opt, t1 - t0, world)))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
@@ -183,6 +187,26 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
 
 
+def make_optimizer(cfg: TrainConfig, model):
+    if cfg.method == DDP_LION:
+        return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
+                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap)
+
+
+def _step_figures(opt, backward_s: float, world: int) -> dict:
+    """Per-step compute, codec, communication and bytes. DDP's own communication is not instrumented: its
+    backward time includes the exposed all-reduce tail, and its bytes are the fp32 ring's."""
+    s = getattr(opt, "stats", None)
+    if s is None:
+        nbytes = sum(p.numel() * 4 for g in opt.param_groups for p in g["params"])
+        return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0,
+                    bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
+    return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
+                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent)
+
+
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     timed = records[2:] if len(records) > 4 else records  # the first steps allocate and warm caches
 
@@ -192,14 +216,15 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     tail = [r["loss"] for r in records[-10:]]
     return dict(
         model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps,
-        momentum_sync=cfg.momentum_sync, levels=opt.levels or None,
+        momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
         comm_seconds=med("comm_s"),
         # the mean includes the periodic momentum syncs the median skips: use it for throughput
         mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
-        skipped_steps=opt.stats.skipped_steps, momentum_syncs=opt.stats.momentum_syncs,
+        skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
+        momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
         records=records,
     )
 
