@@ -10,6 +10,7 @@ _LAZY = {
     "LionCub": "lioncub.optim",
     "Lion": "lioncub.lion",
     "lion_step": "lioncub.optim",
+    "attach_ddp": "lioncub.ddp",
     "broadcast_parameters": "lioncub.distributed",
     "init_distributed": "lioncub.distributed",
     "finish": "lioncub.distributed",

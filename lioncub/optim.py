@@ -162,6 +162,7 @@ class LionCub(torch.optim.Optimizer):
         self._step = 0
         self._momenta_identical = True
         self._warned_regrad = False
+        self._private_grads = False  # set by lioncub.ddp.attach_ddp: DDP owns .grad, the buckets hold copies
         self._buckets = self._build_buckets()
         self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
@@ -225,7 +226,13 @@ class LionCub(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffers, keeping each .grad a view into them (set_to_none is ignored:
-        a None gradient would cost a copy on the next step and counts as zero anyway)."""
+        a None gradient would cost a copy on the next step and counts as zero anyway). Under DDP
+        (lioncub.attach_ddp) .grad belongs to DDP and is zeroed or set to None as torch does."""
+        if self._private_grads:
+            super().zero_grad(set_to_none)
+            for b in self._buckets:
+                b.g.zero_()
+            return
         for b in self._buckets:
             b.g.zero_()
             offset = 0
@@ -242,6 +249,10 @@ class LionCub(torch.optim.Optimizer):
     @torch.no_grad()
     def _collect_bucket(self, b: Bucket) -> None:
         """Bring every gradient of b into its bucket view: None counts as zero, a replaced tensor is copied."""
+        if self._private_grads:
+            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+                self._copy_grad(p, b.g[start:end])
+            return
         for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
             view = b.g[start:end]
             grad = p.grad
@@ -281,7 +292,7 @@ class LionCub(torch.optim.Optimizer):
         done = self._overlapped_pass()
         self.stats.overlapped_steps += done is not None
         self.stats.last_backward_wait_s = 0.0 if done is None else done["exposed_s"]
-        if done is None or self.spec.dense:
+        if done is None or (self.spec.dense and not self._private_grads):
             self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
         if self.spec.dense:
@@ -311,7 +322,33 @@ class LionCub(torch.optim.Optimizer):
             return None
         return done
 
+    def _use_process_group(self, group) -> None:
+        """Communicate on `group` from now on (same ranks: lioncub.ddp gives LionCub a group of its own)."""
+        rank, world = group_rank_size(group)
+        if world != self.world_size:
+            raise ValueError(f"the new process group has {world} ranks, the optimizer {self.world_size}")
+        self.process_group, self.rank = group, rank
+        for b in self._buckets:
+            b.exchange = None
+
+    @staticmethod
+    def _copy_grad(p, view) -> None:
+        if p.grad is None:
+            view.zero_()
+        else:
+            view.copy_(p.grad.reshape(-1))
+
+    @torch.no_grad()
+    def _capture_grad(self, p, k: int, i: int) -> None:
+        """Under DDP: copy the final gradient of parameter i of bucket k into the bucket (called by the
+        overlap hook, before DDP's own hook can touch .grad)."""
+        if self._private_grads:
+            b = self._buckets[k]
+            self._copy_grad(p, b.g[b.offsets[i] : b.offsets[i + 1]])
+
     def _grads_as_exchanged(self, versions) -> bool:
+        if self._private_grads:  # the buckets hold copies that only the overlap hooks write
+            return True
         for b, version in zip(self._buckets, versions):
             if b.g._version != version:
                 return False

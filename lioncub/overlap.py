@@ -37,10 +37,11 @@ class Overlap:
     def __init__(self, opt):
         self._opt = weakref.ref(opt)
         self.enabled = True
-        self._where: dict[int, int] = {}  # id(param) -> bucket index
+        self.sync_wanted = lambda: True  # under DDP: DDP's require_backward_grad_sync (its no_sync())
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
         for k, b in enumerate(opt._buckets):
-            for p in b.params:
-                self._where[id(p)] = k
+            for i, p in enumerate(b.params):
+                self._where[id(p)] = (k, i)
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in opt._buckets
                        for p in b.params]
         self._jobs: queue.Queue = queue.Queue()
@@ -57,7 +58,7 @@ class Overlap:
 
         def hook(param):
             self = ref()
-            if self is not None and self.enabled:
+            if self is not None and self.enabled and self.sync_wanted():
                 self._on_grad(param)
         return hook
 
@@ -67,7 +68,8 @@ class Overlap:
             return
         if self._pass is None:
             self._begin_pass(opt)
-        k = self._where[id(param)]
+        k, i = self._where[id(param)]
+        opt._capture_grad(param, k, i)
         state = self._pass
         state["pending"][k] -= 1
         if state["pending"][k] == 0:

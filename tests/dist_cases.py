@@ -294,3 +294,41 @@ def clipped_after_backward(rank, world_size):
     replicas = gather(results[0])
     return dict(same_as_plain=torch.equal(results[0], results[1]),
                 replicas_equal=all(torch.equal(r, results[0]) for r in replicas))
+
+
+def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps=4):
+    """The same training with LionCub alone and with LionCub attached to a DDP model: parameters after each
+    run, replicas. Step 2 accumulates two micro-batches (no_sync), step 3 has an inf on the last rank; with
+    find_unused_parameters, `side` is unused on odd ranks."""
+    from lioncub.ddp import attach_ddp
+
+    unused = ddp_kwargs.get("find_unused_parameters", False)
+    out = []
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        net = _Net()
+        opt = LionCub(net.parameters(), lr=LR, betas=(B1, B2), weight_decay=WD, method=method,
+                      bucket_mb=BUCKET_MB * 8, momentum_sync=None if method == "allreduce" else momentum_sync)
+        model = net
+        if hooked:
+            model = torch.nn.parallel.DistributedDataParallel(net, **ddp_kwargs)
+            attach_ddp(model, opt)
+        gen = torch.Generator().manual_seed(77 + rank)
+        for step in range(1, steps + 1):
+            opt.zero_grad()
+            micro = 2 if step == 2 else 1
+            for i in range(micro):
+                x = torch.randn(8, 9, generator=gen)
+                if step == 3 and rank == world_size - 1:
+                    x[0, 0] = float("inf")
+                last = i + 1 == micro
+                ctx = _nullcontext() if last else (model.no_sync() if hooked else opt.no_sync())
+                with ctx:
+                    model(x, use_side=not unused or rank % 2 == 0).square().mean().backward()
+            if hooked and step == 1:  # what a framework does between backward and step: no effect
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1e-3)
+            opt.step()
+        flat = torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
+        out.append(dict(flat=flat, replicas_equal=all(torch.equal(r, flat) for r in gather(flat)),
+                        overlapped=opt.stats.overlapped_steps, skipped=opt.stats.skipped_steps))
+    return out
