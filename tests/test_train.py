@@ -27,6 +27,24 @@ def test_train_cli_json_has_the_documented_fields(capsys):
     assert out["final_loss"] < 2.31  # below chance level (ln 10): it learns
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "{tmp}/missing.json"], "cannot read config file {tmp}/missing.json: No such file or directory"),
+    (["--config", "{tmp}/bad.json"], "config file {tmp}/bad.json is not valid JSON"),
+    (["--config", "{tmp}/list.json"], "config file {tmp}/list.json: expected a JSON object"),
+    (["--config", "{tmp}/unknown.json"], "unknown training options: flavour"),
+    (["--log", "/nonexistent/dir/log.jsonl"], "--log /nonexistent/dir/log.jsonl: no such directory"),
+    (["--log", "{tmp}"], "--log {tmp}: is a directory"),
+])
+def test_bad_files_are_one_line_errors_before_training(tmp_path, capsys, argv, message):
+    (tmp_path / "bad.json").write_text("{not json")
+    (tmp_path / "list.json").write_text("[]")
+    (tmp_path / "unknown.json").write_text('{"train": {"flavour": "vanilla"}}')
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    assert main(["train", "--model", "mlp", "--steps", "2", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lioncub: error: " + message.format(tmp=tmp_path)) and err.count("\n") == 1, err
+
+
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     common = dict(model="mlp", method="vote-1bit", momentum_sync="every:2", steps=6)
     full = train_local(TrainConfig(**common, checkpoint_dir=str(tmp_path / "a")), 2, progress=False)
@@ -45,6 +63,12 @@ def test_momentum_interval_and_prediction():
     cfg = TrainConfig(model="char-small", method="vote-1bit", steps=100)
     r = predict_step(cfg, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
     assert r.baseline_step_seconds > 4 * r.step_seconds  # the scenario the demo relies on is comm-bound
+
+
+def test_convergence_bench_checks_its_plot_path_first(capsys):
+    assert main(["bench", "convergence", "--model", "mlp", "--plot", "/nonexistent/dir/c.png"]) == 2
+    err = capsys.readouterr().err
+    assert err == "lioncub: error: --plot /nonexistent/dir/c.png: no such directory /nonexistent/dir\n"
 
 
 def test_convergence_bench_writes_a_plot(tmp_path, capsys):

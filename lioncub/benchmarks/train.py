@@ -15,6 +15,7 @@ import sys
 
 from lioncub.demo import SCENARIO
 from lioncub.methods import NAMES as METHODS
+from lioncub.paths import check_writable
 from lioncub.train import DDP_LION
 
 CONFIGS = [(DDP_LION, "none")] + [(m, "none") for m in METHODS] + [("vote-1bit", "every:10"), ("l1-pbit", "every:10")]
@@ -165,6 +166,8 @@ def run_train(args) -> int:
 
 
 def run_convergence(args) -> int:
+    if args.plot:
+        check_writable(args.plot, "--plot")
     res = bench_convergence(args.ranks, args.steps, args.configs, args.model, args.plot)
     print(json.dumps(res, indent=2) if args.json else format_convergence(res))
     return 0

@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+from lioncub.paths import check_writable
+
 from . import _in_torchrun, calibrate_lab, run_torchrun
 from .fit import fit
 
@@ -70,6 +72,9 @@ def _main(args) -> int:
     if latency < 0:
         raise ValueError(f"--latency must be >= 0, got {args.latency!r}")
     progress = not args.no_progress and not args.json and sys.stderr.isatty()
+    check_writable(args.output, "--output")
+    if args.save_measurements:
+        check_writable(args.save_measurements, "--save-measurements")
     if args.from_measurements:
         raw = _load_raw(args.from_measurements)
     elif args.lab:
@@ -144,6 +149,9 @@ def _print_summary(s: dict) -> None:
 def validate(args) -> int:
     from .validate import run, summary_line
 
+    for flag, path in (("--output", args.output), ("--json", args.json), ("--save-profile", args.save_profile)):
+        if path:
+            check_writable(path, flag)
     res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
               save_profile=args.save_profile)
     print(summary_line(res, args.output))

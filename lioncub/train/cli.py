@@ -7,6 +7,7 @@ import os
 import sys
 
 from lioncub.methods import NAMES as METHODS
+from lioncub.paths import check_writable, read_json
 from lioncub.train import DDP_LION
 
 MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
@@ -50,8 +51,9 @@ def config_from_args(args):
 
     base = {}
     if args.config:
-        with open(args.config) as f:
-            base = json.load(f)
+        base = read_json(args.config, "config file")
+        if not isinstance(base, dict):
+            raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
                 "block_size", "bucket_mb", "overlap", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
@@ -65,6 +67,8 @@ def run(args) -> int:
     from lioncub.train.loop import dumps, train, train_local
 
     cfg = config_from_args(args)
+    if args.log:
+        check_writable(args.log, "--log")
     progress = sys.stderr.isatty() or not args.json
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
         from lioncub.distributed import finish, init_distributed
