@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@if ! $(PY) -c "import torch" 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	  else $(PY) -m pip install -q $(CPU_TORCH); fi; fi
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,integrations]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,7 +34,7 @@ lint: $(STAMP)
 # JupyterLab comes from the `notebooks` extra, installed once (editable, like the rest: a plain '.[notebooks]'
 # would replace the editable lioncub with a copy). The notebooks are stored without outputs: notebooks/README.md.
 $(NB_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,notebooks]'
+	$(PY) -m pip install -q -e '.[dev,integrations,notebooks]'
 	@touch $(NB_STAMP)
 
 notebooks: $(NB_STAMP)

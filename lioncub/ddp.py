@@ -57,16 +57,13 @@ def attach_ddp(ddp_model, opt) -> None:
     if mine != theirs:
         raise ValueError(f"the optimizer's parameters ({len(mine)}) are not the DDP model's trainable parameters "
                          f"({len(theirs)}): build LionCub on model.parameters() of the model DDP wraps")
-    ddp_world = ddp_model.process_group.size() if hasattr(ddp_model, "process_group") else None
-    if ddp_world is not None and ddp_world != opt.world_size:
-        raise ValueError(f"DDP runs on {ddp_world} ranks but the optimizer's process group has {opt.world_size}")
     if getattr(opt, "_ddp", None) is ddp_model:
         return
     import torch.distributed as dist
 
     ddp_model.register_comm_hook(None, _no_allreduce)
-    if dist.is_initialized():
-        opt._use_process_group(dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)))
+    # (a LionCub built before the framework initialised torch.distributed learns its world size here)
+    opt._use_process_group(dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)))
     opt._private_grads = True
     opt._ddp = ddp_model
     if opt._overlap is not None:
