@@ -43,9 +43,10 @@ def main():
     teacher = torch.randn(32, 8, generator=torch.Generator().manual_seed(7))
     xs = torch.randn(args.steps * 16 * 4, 32, generator=torch.Generator().manual_seed(1))
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(xs, (xs @ teacher).argmax(1)), batch_size=16)
-    trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)), strategy=DDPStrategy(process_group_backend="gloo"),
-                        max_steps=args.steps, callbacks=[lightning_callback()], logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(accelerator="cpu", devices=int(os.environ.get("LOCAL_WORLD_SIZE", 1)),
+                        strategy=DDPStrategy(process_group_backend="gloo"), max_steps=args.steps,
+                        callbacks=[lightning_callback()], logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(model, loader)
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     if trainer.world_size > 1:
@@ -56,7 +57,8 @@ def main():
         k = max(1, len(model.losses) // 4)
         opt = trainer.optimizers[0]
         print(f"loss first {sum(model.losses[:k]) / k:.4f} last {sum(model.losses[-k:]) / k:.4f}")
-        print(f"done: lightning, method {args.method}, {opt.stats.steps} steps, {opt.stats.overlapped_steps} overlapped")
+        s = opt.stats
+        print(f"done: lightning, method {args.method}, {s.steps} steps, {s.overlapped_steps} overlapped")
     lioncub.finish()
 
 

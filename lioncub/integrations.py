@@ -38,7 +38,7 @@ def attach_to_trainer(trainer) -> None:
                 attach_ddp(trainer.model_wrapped, trainer.optimizer)
 
     if trainer.optimizer is None:
-        raise ValueError("attach_to_trainer: build the Trainer with optimizers=(LionCub(model.parameters(), ...), None)")
+        raise ValueError("attach_to_trainer: build the Trainer with optimizers=(LionCub(...), None)")
     trainer.add_callback(_AttachLionCub())
 
 
