@@ -29,6 +29,7 @@ def register(sub) -> None:
     p.add_argument("--block-size", dest="block_size", type=int)
     p.add_argument("--bucket-mb", dest="bucket_mb", type=float)
     p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
     p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
@@ -50,7 +51,7 @@ def config_from_args(args):
             base = json.load(f)
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
+                "block_size", "bucket_mb", "seed", "device", "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value

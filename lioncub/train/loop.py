@@ -46,6 +46,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     threads: int = 0  # torch threads per rank (0: leave as is)
+    device: str = "cpu"  # where the model, data and optimizer live ("cuda", "cuda:1", ...)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -109,7 +110,7 @@ def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
 def _mean_over_ranks(value: float) -> float:
     if not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -123,7 +124,7 @@ def evaluate(model, data, cfg: TrainConfig) -> float:
     losses = []
     for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
-        losses.append(model(x, y)[1].item())
+        losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
     model.train()
     return _mean_over_ranks(statistics.fmean(losses))
 
@@ -136,6 +137,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     rank = dist.get_rank() if dist.is_initialized() else 0
     world = dist.get_world_size() if dist.is_initialized() else 1
     model, data = build(cfg)
+    model.to(cfg.device)
     broadcast_parameters(model)
     opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
@@ -160,6 +162,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
             group["lr"] = _lr(cfg, step)
         t0 = time.perf_counter()
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        x, y = x.to(cfg.device), y.to(cfg.device)
         opt.zero_grad()
         _, loss = model(x, y)
         loss.backward()
