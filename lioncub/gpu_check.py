@@ -60,11 +60,13 @@ METHODS = ("allreduce", "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", 
 
 SIZES = {
     "full": dict(
-        timeouts=dict(env=20, install=30, tests=100, bench=100, optimizer=35, ranks=35, train=30),
+        timeouts=dict(env=20, install=30, tests=90, bench=120, optimizer=30, ranks=30, train=25),
         copy_bytes=1 << 30,
         tests=dict(files=TEST_FILES, k=None, workers=8),
-        bench=[dict(dtype="float32", sizes=f"1M,4M,16M,64M,{GPT2_124M_PARAMS},256M", share=0.6),
-               dict(dtype="bfloat16", sizes="64M,256M", share=0.4)],
+        # --repeat 5: 50 ms of timed runs per figure (triton.testing.do_bench, medians). The bench makes its
+        # buffers with CPU randn (twice per size: Triton and twins), about half of its time at 256M
+        bench=[dict(dtype="float32", sizes=f"1M,4M,16M,64M,{GPT2_124M_PARAMS},256M", share=0.62, repeat=5),
+               dict(dtype="bfloat16", sizes="64M,256M", share=0.38, repeat=5)],
         gpt2=GPT2_124M, opt_steps=10, opt_rounds=5,
         ranks=dict(world_sizes=[2, 4], steps=20, sync_every=7, shapes=[(1000, 257), (4097,), (3, 333), (65537,)],
                    bf16=[(511, 129)], fp16=[(70001,)], bucket_mb=0.5),
@@ -127,16 +129,18 @@ class Ctx:
         return env
 
 
-def run_cmd(cmd, timeout, env=None, cwd=REPO, log=None) -> dict:
-    """Run a command in its own process group; kill the group on timeout. Returns rc, output, seconds."""
+def run_cmd(cmd, timeout, env=None, cwd=REPO, log=None, session=False) -> dict:
+    """Run a command in its own process group (session=True: its own session, for a step: on timeout all
+    that the step started dies with it); kill it on timeout. Returns rc, output, seconds."""
     t0 = time.monotonic()
     proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                            stderr=subprocess.STDOUT, text=True, start_new_session=session,
+                            preexec_fn=None if session else os.setpgrp)
     try:
         out, _ = proc.communicate(timeout=max(1.0, timeout))
         timed_out = False
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        (_kill_session if session else _kill_group)(proc)
         out, _ = proc.communicate()
         timed_out = True
     if log is not None:
@@ -152,6 +156,19 @@ def _kill_group(proc) -> None:
         proc.kill()
 
 
+def _kill_session(proc) -> None:
+    """Kill every process of the session that proc leads (its children run in process groups of their own)."""
+    sid = proc.pid
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else ():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == sid:
+                    os.kill(int(entry.name), signal.SIGKILL)
+            except (ProcessLookupError, PermissionError, OSError):
+                pass
+    _kill_group(proc)
+
+
 def tail(text: str, n: int = 3000) -> str:
     return text[-n:]
 
@@ -163,8 +180,14 @@ def copy_bandwidth(torch, device, nbytes: int, repeat: int = 20) -> dict:
     """dst.copy_(src) of nbytes: GB/s counting the bytes read and written (2 * nbytes per copy)."""
     src = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    for _ in range(3):
+    for _ in range(2):
         dst.copy_(src)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    sync()
+    t = time.perf_counter()
+    dst.copy_(src)
+    sync()
+    repeat = max(1, min(repeat, int(0.05 / max(time.perf_counter() - t, 1e-6))))  # about 50 ms per round
     times = []
     for _ in range(5):
         if device.type == "cuda":
@@ -261,6 +284,14 @@ NEEDED = {"setuptools": "setuptools", "wheel": "wheel", "simpy": "simpy", "lion_
 OPTIONAL = {"xdist": "pytest-xdist", "execnet": "execnet"}
 
 
+def _older(version: str | None, minimum: tuple) -> bool:
+    parts = []
+    for x in (version or "0").split(".")[: len(minimum)]:
+        digits = "".join(c for c in x if c.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts) < minimum
+
+
 def _wheel_for(dist: str, wheels) -> Path | None:
     stem = dist.replace("-", "_").lower() + "-"
     return next((w for w in wheels if w.name.lower().startswith(stem)), None)
@@ -296,8 +327,10 @@ t = time.perf_counter()
 triton_ops.lion_step(a[0], g, a[1], lr=1e-3, wd=0.1, beta1=0.9, beta2=0.99)
 reference.lion_step(b[0], g, b[1], lr=1e-3, wd=0.1, beta1=0.9, beta2=0.99)
 diff = int((a[0] != b[0]).sum()) + int((a[1] != b[1]).sum())
-print(f"first launch incl. compile {time.perf_counter() - t:.2f} s; {diff} elements differ from the twin")
-assert diff == 0
+close = all(bool(torch.isfinite(x).all()) for x in a) and all(
+    float(((x - y).abs() / y.abs().clamp_min(1e-3)).max()) < 1e-2 for x, y in zip(a, b))
+print(f"first launch incl. compile {time.perf_counter() - t:.2f} s; {diff} of {2 * n} values differ from the twin")
+assert close, "the Triton kernel's result is not the twin's"
 print("smoke ok")
 """
 
@@ -309,6 +342,8 @@ def step_install(ctx: Ctx) -> None:
     wheels = sorted((REPO / ".whl").glob("*.whl"))
     r["wheels_available"] = [w.name for w in wheels]
     missing = {mod: dist for mod, dist in {**NEEDED, **OPTIONAL}.items() if importlib.util.find_spec(mod) is None}
+    if "setuptools" not in missing and _older(_version("setuptools"), (68,)):  # pyproject's build requirement
+        missing["setuptools"] = "setuptools"
     r["missing_before"] = sorted(missing.values())
     install = [_wheel_for(d, wheels) for d in missing.values()]
     r["no_wheel"] = sorted(d for d in missing.values() if _wheel_for(d, wheels) is None)
@@ -339,7 +374,8 @@ def step_install(ctx: Ctx) -> None:
     ctx.check("lioncub.kernels importable from this checkout (outside it too)", r["lioncub_after"] is not None and
               Path(r["lioncub_after"]).resolve().is_relative_to(REPO))
     probe = run_cmd([sys.executable, "-c", SMOKE, ctx.device], max(10, ctx.left() - 2), env=ctx.env())
-    ctx.check(f"a Triton kernel compiles, runs on {ctx.device} and equals its twin", probe["rc"] == 0 and
+    # exact equality is step 3's business (a target): here only that Triton compiles, launches and computes Lion
+    ctx.check(f"a Triton kernel compiles, runs on {ctx.device} and agrees with its twin", probe["rc"] == 0 and
               probe["out"].strip().endswith("smoke ok"))
     r["smoke"] = tail(probe["out"], 1500)
     r["versions"] = {d: _version(d) for d in ("lioncub", *NEEDED.values(), *OPTIONAL.values())}
@@ -468,12 +504,13 @@ def step_bench(ctx: Ctx) -> None:
     r = ctx.result
     r["runs"] = {}
     budget = ctx.left() - 2
-    for spec in ctx.cfg["bench"]:
+    for i, spec in enumerate(ctx.cfg["bench"]):
+        last = i == len(ctx.cfg["bench"]) - 1  # the last run gets whatever time the others left
         cmd = [sys.executable, "-c", LIONCUB_CLI, "bench", "kernels", "--device", ctx.device, "--json",
                "--sizes", spec["sizes"], "--dtype", spec["dtype"]]
         if spec.get("repeat"):
             cmd += ["--repeat", str(spec["repeat"])]
-        run = run_cmd(cmd, min(ctx.left() - 2, budget * spec["share"]), env=ctx.env(),
+        run = run_cmd(cmd, ctx.left() - 2 if last else min(ctx.left() - 2, budget * spec["share"]), env=ctx.env(),
                       log=ctx.out / "04-bench.log")
         res = None
         try:
@@ -804,7 +841,7 @@ def step_train(ctx: Ctx) -> None:
         env = ctx.env(LIONCUB_KERNELS=backend, CUBLAS_WORKSPACE_CONFIG=":4096:8")  # deterministic cuBLAS
         procs[label] = (path, subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
                                                stdout=open(ctx.out / "07-train.log", "a"), stderr=subprocess.STDOUT,
-                                               start_new_session=True))
+                                               preexec_fn=os.setpgrp))
     deadline = time.monotonic() + ctx.left() - 2
     res = {}
     for label, (path, proc) in procs.items():
@@ -881,7 +918,10 @@ def run_step(name: str, out: Path, size: str, device: str, timeout: float) -> in
         inject = dict(x.split(":", 1) for x in os.environ.get("LIONCUB_GPU_CHECK_INJECT", "").split(",") if ":" in x)
         if inject.get(name) == "error":  # rehearsing the failure handling (tests/test_gpu_check.py)
             raise RuntimeError("injected failure (LIONCUB_GPU_CHECK_INJECT)")
-        if inject.get(name) == "hang":
+        if inject.get(name) == "hang":  # with a child in a process group of its own, as pytest or a bench run
+            child = subprocess.Popen(["sleep", str(int(timeout) + 3600)], preexec_fn=os.setpgrp)
+            ctx.result["hang_child"] = child.pid
+            ctx.save()
             time.sleep(timeout + 3600)
         STEP_FUNCS[name](ctx)
         ctx.result["status"] = "pass" if ctx.result["checks"] and all(ctx.result["checks"].values()) else "fail"
@@ -935,7 +975,7 @@ def orchestrate(out: Path, size: str | None, only: list[str] | None, device: str
         log.unlink(missing_ok=True)
         print(f"[{STEPS.index(name) + 1}/7] {name} (limit {timeout:.0f} s) ...", end=" ", flush=True)
         # the step watches its own time; this limit (a little longer) only catches a step that hangs
-        run = run_cmd(cmd, timeout + grace, env=_step_environment(name, device), log=log)
+        run = run_cmd(cmd, timeout + grace, env=_step_environment(name, device), log=log, session=True)
         res = _read_step(out, name) or dict(step=name, checks={}, targets={})
         if run["timed_out"]:
             res["status"] = "timeout"
