@@ -733,7 +733,7 @@ def ranks_body(rank, world_size, cfg):
                 moved=int((flat != start).sum()), elements=flat.numel(), finite=bool(torch.isfinite(flat).all()),
                 skipped=opt.stats.skipped_steps, step_ms=1e3 * seconds / cfg["steps"],
                 digest=hashlib.sha256(flat.numpy().tobytes() + moms.numpy().tobytes()).hexdigest()[:16],
-                ran=kernels.implementation(params[0].detach()).__name__, buckets=len(opt._buckets))
+                ran=kernels.implementation(params[0].detach()).__name__, buckets=len(getattr(opt, "_buckets", ())))
     return out
 
 
