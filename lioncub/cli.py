@@ -59,5 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m lioncub.cli: run the module's importable copy (commands read its argv)
+    from lioncub.cli import main as _main
+
+    sys.exit(_main())

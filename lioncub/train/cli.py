@@ -34,6 +34,7 @@ def register(sub) -> None:
     p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="communicate inside step() instead of during backward")
     p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
     p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
@@ -56,7 +57,8 @@ def config_from_args(args):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "overlap", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
+                "block_size", "bucket_mb", "overlap", "seed", "device", "checkpoint_dir", "checkpoint_every",
+                "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value

@@ -51,6 +51,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     resume: bool = False
     threads: int = 0  # torch threads per rank (0: leave as is)
+    device: str = "cpu"  # where the model, data and optimizer live ("cuda", "cuda:1", ...)
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -116,7 +117,7 @@ def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
 def _mean_over_ranks(value: float) -> float:
     if not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -129,7 +130,7 @@ def evaluate(model, data, cfg: TrainConfig) -> float:
     losses = []
     for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
-        losses.append(model(x, y)[1].item())
+        losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
     model.train()
     return _mean_over_ranks(statistics.fmean(losses))
 
@@ -141,6 +142,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         torch.set_num_threads(cfg.threads)
     rank, world = group_rank_size()
     model, data = build(cfg)
+    model.to(cfg.device)
     broadcast_parameters(model)
     opt, net = make_optimizer(cfg, model), model
     if cfg.method == DDP_LION and dist.is_initialized():
@@ -165,6 +167,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
             group["lr"] = _lr(cfg, step)
         t0 = time.perf_counter()
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        x, y = x.to(cfg.device), y.to(cfg.device)
         opt.zero_grad()
         _, loss = net(x, y)
         loss.backward()
