@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass
 
@@ -22,7 +23,7 @@ import torch
 
 from lioncub import kernels, methods, schedules, wire
 from lioncub.overlap import Overlap
-from lioncub.transport import agree_count, allreduce_mean_, group_rank_size
+from lioncub.transport import agree_control, allreduce_mean_, group_rank_size
 
 log = logging.getLogger("lioncub")
 BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
@@ -137,15 +138,29 @@ class LionCub(torch.optim.Optimizer):
         overlap: run each bucket's exchange during backward, as soon as its gradients are final (default);
             False communicates inside step(). The results are bit-identical either way.
         timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
+        dense_warmup: run the first K steps with the `allreduce` method (averaged gradients, one momentum
+            on every rank), then `method`; the step count is in state_dict, so a resume switches on time.
+
+    Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step
+    to clip, and use `lioncub.amp.GradScaler` for fp16 loss scaling: both agree across ranks.
     """
+
+    # torch.amp.GradScaler then calls step() on every rank, which refuses it (see step): its per-rank
+    # inf/NaN check would make ranks disagree; lioncub.amp.GradScaler agrees it
+    _step_supports_amp_scaling = True
 
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
                  method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
-                 skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False):
+                 skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False,
+                 dense_warmup: int = 0):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         self.spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
+        if isinstance(dense_warmup, bool) or not isinstance(dense_warmup, int) or dense_warmup < 0:
+            raise ValueError(f"dense_warmup must be an int >= 0 (steps), got {dense_warmup!r}")
+        self.dense_warmup = dense_warmup
+        self._dense_spec = methods.get("allreduce")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.method, self.process_group = self.spec.name, process_group
         self.rank, self.world_size = group_rank_size(process_group)
@@ -163,6 +178,11 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = True
         self._warned_regrad = False
         self._private_grads = False  # set by lioncub.ddp.attach_ddp: DDP owns .grad, the buckets hold copies
+        self._averaged = None  # dense: gradients averaged before step() (by clip_grad_norm_ or the scaler)
+        self._wants_sumsq = False  # clip_grad_norm_ was called: backward passes sum the squared gradients
+        self._grad_scaler = None  # weakref to the lioncub.amp.GradScaler whose scale backward divides out
+        self._amp_scratch: dict = {}
+        self._warned_amp = False
         self._buckets = self._build_buckets()
         self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
@@ -283,19 +303,27 @@ class LionCub(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        if getattr(self, "found_inf", None) is not None or getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError(
+                "LionCub: torch.amp.GradScaler checks each rank's gradients for inf/NaN alone, so one rank would "
+                "skip a step that the others take. Use lioncub.amp.GradScaler (the same arguments): every rank "
+                "agrees whether to skip, and the scales stay identical.")
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._step += 1
         self.stats.steps += 1
+        dense = self._spec_at(self._step).dense
         done = self._overlapped_pass()
         self.stats.overlapped_steps += done is not None
         self.stats.last_backward_wait_s = 0.0 if done is None else done["exposed_s"]
-        if done is None or (self.spec.dense and not self._private_grads):
+        if done is None and dense:
+            done = self._take_averaged()
+        if done is None or (dense and not self._private_grads):
             self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
-        if self.spec.dense:
+        if dense:
             self._step_dense(clock, done)
         elif self.world_size == 1:
             self._step_local(clock)
@@ -310,16 +338,66 @@ class LionCub(torch.optim.Optimizer):
         if self._overlap is None or self._overlap.results is None:
             return None
         done, self._overlap.results = self._overlap.results, None
-        if done["step"] != self._step:
+        if done["step"] != self._step or done.get("stale"):  # stale: clip_grad_norm_ or the scaler changed them
+            return None
+        if done.get("amp") is not None and not done.get("amp_confirmed"):
+            self._grad_scaler = None  # the scaler did not unscale this step's gradients: it is no longer in use
             return None
         # averaged gradients (the dense method) may be clipped or read after backward, as with DDP; a vote
         # taken on gradients that changed since is stale and is taken again
-        if not self.spec.dense and not self._grads_as_exchanged(done["versions"]):
+        if not self._spec_at(self._step).dense and not self._grads_as_exchanged(done["versions"]):
             if not self._warned_regrad and self.rank == 0:
                 log.warning("LionCub: gradients changed after backward (clipping, unscaling, a new .grad); "
-                            "step() exchanges them again, without overlap. Use opt.clip_grad_norm_ to clip.")
+                            "step() exchanges them again, without overlap. Use opt.clip_grad_norm_ and "
+                            "lioncub.amp.GradScaler, which keep the overlap where they can.")
             self._warned_regrad = True
             return None
+        return done
+
+    def _pending_pass(self, amp_unconfirmed_ok: bool = False) -> dict | None:
+        """The backward pass of the coming step, if step() would apply it as it stands (read-only; a pass
+        that divided out a loss scale counts once the scaler has unscaled .grad alike)."""
+        done = None if self._overlap is None else self._overlap.results
+        if done is None or done["step"] != self._step + 1 or done.get("stale"):
+            return None
+        if done.get("amp") is not None and not (done.get("amp_confirmed") or amp_unconfirmed_ok):
+            return None
+        if not self._spec_at(done["step"]).dense and not self._grads_as_exchanged(done["versions"]):
+            return None
+        return done
+
+    def _spec_at(self, step: int):
+        """The method of step `step` (1-based): the dense baseline during the warm-up, then the chosen one."""
+        return self._dense_spec if step <= self.dense_warmup else self.spec
+
+    def _versions(self) -> list[int]:
+        return [b.g._version for b in self._buckets]
+
+    @torch.no_grad()
+    def _average_now(self) -> None:
+        """A dense step without overlap: average the gradients before step() (clip_grad_norm_ and the scaler
+        need the mean); step() then applies them as they are. A no-op if they already are."""
+        if self._averaged_ok(self._step + 1):
+            return
+        self._collect_grads()
+        t0 = time.perf_counter()
+        collectives = []
+        for b in self._buckets:
+            x = self._exchange(b, self._dense_spec)
+            x()
+            collectives += x.collectives
+        dt = time.perf_counter() - t0
+        self._averaged = dict(step=self._step + 1, versions=self._versions(), collectives=collectives,
+                              comm_s=dt, exposed_s=dt)
+
+    def _averaged_ok(self, step: int) -> bool:
+        """Whether the gradients are still those _average_now averaged for `step`."""
+        a = self._averaged
+        return a is not None and a["step"] == step and a["versions"] == self._versions()
+
+    def _take_averaged(self) -> dict | None:
+        done = self._averaged if self._averaged_ok(self._step) else None
+        self._averaged = None
         return done
 
     def _use_process_group(self, group) -> None:
@@ -362,12 +440,16 @@ class LionCub(torch.optim.Optimizer):
         beta1, beta2 = group["betas"]
         return dict(lr=group["lr"], wd=group["weight_decay"], beta1=beta1, beta2=beta2)
 
-    def _exchange(self, b: Bucket):
-        if b.exchange is None:
-            b.exchange = self.spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels,
-                                            grad_wire_dtype=str(self.grad_wire_dtype).removeprefix("torch."),
-                                            grads=b.g)
-        return b.exchange
+    def _exchange(self, b: Bucket, spec=None):
+        """Bucket b's exchange for `spec` (default: the chosen method; the warm-up's dense one is kept apart)."""
+        spec = spec or self.spec
+        attr = "exchange" if spec is self.spec else "warmup_exchange"
+        x = getattr(b, attr, None)
+        if x is None or x.group is not self.process_group:
+            x = spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels if spec is self.spec else 0,
+                              grad_wire_dtype=str(self.grad_wire_dtype).removeprefix("torch."), grads=b.g)
+            setattr(b, attr, x)
+        return x
 
     def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed: float | None = None) -> None:
         self.stats.skipped_steps += 1
@@ -393,7 +475,7 @@ class LionCub(torch.optim.Optimizer):
             collectives = []
             for b in self._buckets:
                 if self.world_size > 1:
-                    x = self._exchange(b)
+                    x = self._exchange(b, self._dense_spec)
                     x()
                     collectives += x.collectives
             comm = exposed = clock() - t0
@@ -403,6 +485,7 @@ class LionCub(torch.optim.Optimizer):
             return self._skip("non-finite gradient", collectives, comm, exposed)
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
+        self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
         sent, recv = wire.traffic(collectives, self.world_size)
         self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
@@ -423,8 +506,9 @@ class LionCub(torch.optim.Optimizer):
         t1 = clock()
         t_quant += t1 - t0
         collectives = [wire.CONTROL]
-        bad = agree_count(int(nonfinite) if self.skip_nonfinite else 0, self.process_group,
-                          self._buckets[0].g.device if self._buckets else "cpu")
+        bad, _ = agree_control(int(nonfinite), None, self.process_group,
+                               self._buckets[0].g.device if self._buckets else "cpu")
+        bad = bad if self.skip_nonfinite else 0
         t2 = clock()
         t_comm += t2 - t1
         if bad:
@@ -475,17 +559,29 @@ class LionCub(torch.optim.Optimizer):
 
     @torch.no_grad()
     def _encode_and_exchange(self, k: int, state: dict) -> None:
-        """Bucket k during backward: prepass, quantize without touching the momentum, exchange."""
+        """Bucket k during backward: prepass, quantize without touching the momentum, exchange. Under
+        lioncub.amp.GradScaler the codec reads the unscaled gradients (a scratch copy; the scaler's unscale_
+        writes the same values into .grad); after opt.clip_grad_norm_ was used, each bucket's sum of squares
+        goes into the pass's control message."""
         b = self._buckets[k]
+        spec = self._spec_at(state["step"])
         t0 = time.perf_counter()
         self._collect_bucket(b)
-        x = self._exchange(b)
-        if not self.spec.dense:
+        x = self._exchange(b, spec)
+        if not spec.dense:
+            if "amp" not in state:  # the pass's first bucket
+                state["amp"] = self._amp_pass_scale()
+                state["sumsq"] = torch.zeros((), dtype=torch.float64, device=b.g.device) if self._wants_sumsq else None
+            g = b.g
+            if state["amp"] is not None:
+                g = torch.mul(b.g, state["amp"]["inv_scale"], out=self._scratch(b))
+            if state["sumsq"] is not None:
+                state["sumsq"] = state["sumsq"] + _sum_squares(g)
             h = self._hyper(b)
-            finite, mult = kernels.prepass(self.spec.codec, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
+            finite, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=b.offsets,
                                            levels=self.levels)
             state["nonfinite"] += not finite
-            kernels.quantize_pack(self.spec.codec, b.g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+            kernels.quantize_pack(spec.codec, g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
                                   zero_parity=(self.rank + state["step"]) % 2, layout=x.layout, mult=mult,
                                   offsets=b.offsets, levels=self.levels, update_momentum=False)
         t1 = time.perf_counter()
@@ -495,15 +591,96 @@ class LionCub(torch.optim.Optimizer):
         state["collectives"] += x.collectives
 
     def _agree_pass(self, state: dict) -> None:
-        """The end of a backward pass: agree on the non-finite count (compressed methods) and note the
-        gradients' versions, so step() can tell whether they changed since."""
-        if not self.spec.dense:
+        """The end of a backward pass: agree on the non-finite count and the sum of squared gradients
+        (compressed methods; one message) and note the gradients' versions, so step() can tell whether they
+        changed since."""
+        if not self._spec_at(state["step"]).dense:
             t0 = time.perf_counter()
-            state["bad"] = agree_count(int(state["nonfinite"]) if self.skip_nonfinite else 0, self.process_group,
-                                       self._buckets[0].g.device)
+            sumsq = state.get("sumsq")
+            count, total = agree_control(int(state["nonfinite"]), sumsq, self.process_group,
+                                         self._buckets[0].g.device)
+            state["nonfinite_ranks"] = count
+            state["bad"] = count if self.skip_nonfinite else 0
+            state["sumsq_total"] = None if sumsq is None else total
             state["comm_s"] += time.perf_counter() - t0
             state["collectives"].append(wire.CONTROL)
         state["versions"] = [b.g._version for b in self._buckets]
+
+    def _amp_pass_scale(self) -> dict | None:
+        """The loss scale of the lioncub.amp.GradScaler this optimizer steps with (None without one)."""
+        scaler = self._grad_scaler() if self._grad_scaler is not None else None
+        if scaler is None or not scaler.is_enabled() or scaler._scale is None:
+            return None
+        # the reciprocal exactly as torch's unscale_ computes it, so the values are bit for bit the same
+        return dict(generation=scaler._lioncub_generation, inv_scale=scaler._scale.double().reciprocal().float())
+
+    def _scratch(self, b: Bucket) -> torch.Tensor:
+        key = (b.g.dtype, b.g.device)
+        buf = self._amp_scratch.get(key)
+        if buf is None or buf.numel() < b.n:
+            n = max(x.n for x in self._buckets if (x.g.dtype, x.g.device) == key)
+            buf = self._amp_scratch[key] = torch.empty(n, dtype=b.g.dtype, device=b.g.device)
+        return buf[: b.n]
+
+    # --- clipping -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
+        """Clip the gradients by one coefficient that is the same on every rank; returns the norm it used
+        (a float, the same on every rank). Call it between backward and step(), after scaler.unscale_(opt)
+        under AMP.
+
+        The norm: with the dense method (allreduce, or a dense warm-up step) that of the averaged gradient,
+        ||mean_i g_i||, as DDP + torch.nn.utils.clip_grad_norm_ give (without overlap the gradients are
+        averaged here instead of in step()). With a compressed method each rank keeps its own gradient, and
+        the norm is the root mean square of the ranks' norms, sqrt(mean_i ||g_i||^2) (>= ||mean_i g_i||; one
+        rank: torch's norm). Every rank's gradient is multiplied by min(1, max_norm / (norm + eps)); a
+        non-finite norm leaves them as they are (the step will be skipped).
+
+        Cost: with overlap the sums of squares travel in the backward pass's control message (from the
+        second call on), so there is no extra collective, and the overlapped exchange stands when the
+        coefficient is 1; when it is below 1, step() exchanges the clipped gradients again. Without overlap:
+        one 16-byte all-reduce (compressed methods)."""
+        if not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        self._wants_sumsq = True
+        step = self._step + 1
+        dense = self._spec_at(step).dense
+        done = self._pending_pass()
+        if done is None:
+            if dense and self.world_size > 1:
+                self._average_now()
+            else:
+                self._collect_grads()
+        if dense or self.world_size == 1:
+            norm = math.sqrt(float(_total_sum_squares(self._buckets)))
+        else:
+            total = None if done is None else done.get("sumsq_total")
+            if total is None:
+                _, total = agree_control(0, _total_sum_squares(self._buckets), self.process_group,
+                                         self._buckets[0].g.device)
+            norm = math.sqrt(total / self.world_size)
+        coef = max_norm / (norm + eps)
+        if math.isfinite(norm) and coef < 1.0:
+            self._scale_grads(coef, done, dense)
+        return norm
+
+    def _scale_grads(self, factor, done: dict | None, dense: bool) -> None:
+        """Multiply every gradient by `factor` (a float or a 0-dim tensor) after backward, on behalf of
+        clip_grad_norm_ or the scaler: a vote the pass took on them is stale (step() takes it again, without
+        the warning); gradients averaged for a dense step stay averaged."""
+        averaged = dense and self._averaged_ok(self._step + 1)
+        for b in self._buckets:
+            b.g.mul_(factor)
+        if self._private_grads:  # under DDP .grad holds the local gradient: keep it consistent
+            for b in self._buckets:
+                for p in b.params:
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+        if done is not None and not dense:
+            done["stale"] = True
+        if averaged:
+            self._averaged["versions"] = self._versions()
 
     # --- momentum -------------------------------------------------------------------------------------
 
@@ -528,7 +705,7 @@ class LionCub(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         sd = super().state_dict()
         sd["lioncub"] = dict(step=self._step, world_size=self.world_size, rank=self.rank,
-                             method=self.method, levels=self.levels,
+                             method=self.method, levels=self.levels, dense_warmup=self.dense_warmup,
                              momenta_identical=self._momenta_identical or self.spec.dense,
                              stats=self.stats.as_dict())
         return sd
@@ -545,6 +722,9 @@ class LionCub(torch.optim.Optimizer):
                 f"saving, or save after a step that synced momenta, so the momenta are identical.")
         if extra.get("method", self.method) != self.method:
             log.warning("LionCub: resuming a %s checkpoint with method=%s", extra["method"], self.method)
+        if extra.get("dense_warmup", self.dense_warmup) != self.dense_warmup:
+            log.warning("LionCub: the checkpoint was saved with dense_warmup=%d, this optimizer has %d (it applies: "
+                        "steps up to %d run dense)", extra["dense_warmup"], self.dense_warmup, self.dense_warmup)
         views = {p: self.state[p]["exp_avg"] for b in self._buckets for p in b.params}
         super().load_state_dict(state_dict)
         for p, view in views.items():
@@ -561,6 +741,19 @@ class LionCub(torch.optim.Optimizer):
         n = sum(b.n for b in self._buckets)
         return (f"LionCub(method={self.method!r}, world_size={self.world_size}, params={n}, "
                 f"buckets={len(self._buckets)}, levels={self.levels or None}, schedule={self.schedule})")
+
+
+def _sum_squares(g: torch.Tensor) -> torch.Tensor:
+    """A bucket's sum of squares as a 0-dim float64 tensor (its fp32 norm, squared in fp64)."""
+    return torch.linalg.vector_norm(g, dtype=torch.float32).double().square()
+
+
+def _total_sum_squares(buckets) -> torch.Tensor:
+    """The sum over buckets, in bucket order: the same arithmetic as a backward pass's running sum."""
+    total = torch.zeros((), dtype=torch.float64, device=buckets[0].g.device if buckets else "cpu")
+    for b in buckets:
+        total = total + _sum_squares(b.g).to(total.device)
+    return total
 
 
 def lion_step(p, g, m, *, lr: float, wd: float = 0.0, beta1: float = 0.9, beta2: float = 0.99) -> None:

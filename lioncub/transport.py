@@ -50,11 +50,16 @@ def allreduce_mean_(tensor: torch.Tensor, group=None, wire_dtype: torch.dtype = 
         tensor.copy_(buf)
 
 
-def agree_count(local: int, group=None, device="cpu") -> int:
-    """Sum of a small integer over all ranks (the step's control message)."""
-    flag = torch.tensor([local], dtype=torch.int32, device=device)
-    call("all_reduce (control)", dist.all_reduce, flag, group=group)
-    return int(flag.item())
+def agree_control(nonfinite: int, sumsq=None, group=None, device="cpu") -> tuple[int, float]:
+    """The step's control message (lioncub.wire.CONTROL): one float64 SUM all-reduce of [this rank's
+    non-finite count, its sum of squared gradients (a float or 0-dim tensor; 0 if None)]. Returns the sums."""
+    msg = torch.zeros(2, dtype=torch.float64, device=device)
+    msg[0] = nonfinite
+    if sumsq is not None:
+        msg[1] = sumsq
+    call("all_reduce (control)", dist.all_reduce, msg, group=group)
+    count, total = msg.tolist()
+    return int(count), total
 
 
 def composite_op(method: str, n_elements: int, group=None, levels: int | None = None,

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAX_FIELD_WIDTH = 32
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
 
 WORD_ALIGN = 16
 # (word bits, usable bits, dtype name); the dtypes are native SUM types in both NCCL and Gloo.
@@ -121,8 +121,9 @@ class Collective:
     dtype: str
 
 
-# Each compressed step first agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient.
-CONTROL = Collective("allreduce", 4, "int32")
+# Each compressed step agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient, and the
+# sum of the ranks' squared gradient norms (for LionCub.clip_grad_norm_): [count, sum] in float64.
+CONTROL = Collective("allreduce", 16, "float64")
 
 
 def momentum_sync_collectives(n: int) -> list[Collective]:

@@ -5,6 +5,8 @@ import math
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step, sweep
 
+from lioncub import wire
+
 B = 10e9 / 8
 A = 30e-6
 MEM = 2e12
@@ -79,7 +81,7 @@ def test_vote_1bit_step_and_momentum_sync_amortization():
     r = simulate_step(cluster, "vote-1bit", **kw)
     rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
     planes = 2  # even world size: majority sign + "not a tie"
-    comm = allreduce_best(p, 4)  # the step's control allreduce (one int32)
+    comm = allreduce_best(p, wire.CONTROL.nbytes)  # the step's control allreduce
     msync = 0.0
     for e in buckets(P, mb):
         chunk = math.ceil(e / (8 * p))  # bytes of one rank's 1-bit chunk
@@ -116,9 +118,9 @@ def test_overlapped_vote_encodes_and_exchanges_buckets_during_backward(compute):
         end = max(end, fwd + bwd * done / P) + codec_per_elem * e + t
         comm += t
         msync += allreduce_best(p, 4 * e)
-    end = max(end, compute) + allreduce_best(p, 4)
+    end = max(end, compute) + allreduce_best(p, wire.CONTROL.nbytes)
     exposed = end - compute
-    assert r.communication_seconds == pytest.approx(comm + allreduce_best(p, 4), rel=0.01)
+    assert r.communication_seconds == pytest.approx(comm + allreduce_best(p, wire.CONTROL.nbytes), rel=0.01)
     assert r.exposed_communication_seconds == pytest.approx(exposed, rel=0.01)
     assert r.step_seconds == pytest.approx(compute + exposed + 20 * P / MEM, rel=0.01)
     assert rk.step_seconds - r.step_seconds == pytest.approx(msync / K, rel=0.01)
@@ -128,7 +130,8 @@ def test_overlapped_vote_encodes_and_exchanges_buckets_during_backward(compute):
         last = buckets(P, mb)[-1]
         chunk = math.ceil(last / (8 * p))
         tail = codec_per_elem * last + alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
-        assert r.exposed_communication_seconds == pytest.approx(tail + allreduce_best(p, 4), rel=0.01)
+        control = allreduce_best(p, wire.CONTROL.nbytes)
+        assert r.exposed_communication_seconds == pytest.approx(tail + control, rel=0.01)
 
 
 def test_pbit_composite_sends_the_field_width_for_n_ranks():

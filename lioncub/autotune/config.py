@@ -39,7 +39,7 @@ def collective_section(c: Candidate, backend: str) -> dict:
                                 "usually picks it by itself)")
         else:
             sec["notes"].append(f"the prediction uses {'/'.join(sorted(bulk))} for the bulk allreduces"
-                                + (f" and {'/'.join(sorted(control))} for the 4-byte control allreduce" if control
+                                + (f" and {'/'.join(sorted(control))} for the small control allreduce" if control
                                    else "") + ", chosen per message size as NCCL's tuner does: leave NCCL_ALGO unset")
     elif backend == "gloo":
         sec["notes"].append("torch's Gloo backend picks its algorithms itself (not selectable); the prediction "

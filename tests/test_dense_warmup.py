@@ -1,0 +1,32 @@
+"""LionCub(dense_warmup=K): the first K steps are plain allreduce Lion bit for bit (momenta identical on
+every rank), then the chosen method from that state; overlap or not; a resume on either side of the
+boundary equals the uninterrupted run."""
+
+import pytest
+import safe_cases
+
+from lioncub import LionCub
+from lioncub.distributed import spawn
+
+
+@pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])
+def test_dense_warmup_then_method_and_resume(method):
+    reports = spawn(safe_cases.warmup_cases, 2, method, 3, 6, timeout=120)
+    for rank, r in enumerate(reports):
+        assert r["momenta_identical_after_warmup"], rank
+        for overlap in (True, False):
+            o = r[overlap]
+            assert o["warmup_equal"], (rank, overlap)  # steps 1..K: allreduce Lion, bit for bit
+            assert o["after_equal"], (rank, overlap)  # then the method, from the warm-up's state
+            assert o["changed_after_warmup"] and o["momenta_differ_after"] and o["replicas_equal"], (rank, overlap)
+        assert r["resume_at_2"] and r["resume_at_4"], rank
+        assert r["state_dict_warmup"] == 3
+
+
+def test_dense_warmup_is_validated_and_recorded():
+    net = safe_cases.model()
+    with pytest.raises(ValueError, match="dense_warmup"):
+        LionCub(net.parameters(), dense_warmup=-1)
+    opt = LionCub(net.parameters(), method="vote-1bit", dense_warmup=5)
+    assert opt._spec_at(5).dense and not opt._spec_at(6).dense
+    assert opt.state_dict()["lioncub"]["dense_warmup"] == 5
