@@ -38,6 +38,7 @@ from .profiles import get_profile
 from .units import parse_byte_rate, parse_count, parse_time
 
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
+DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
 GRAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -45,10 +46,10 @@ GRAD_DTYPES = ("float32", "bfloat16", "float16")
 class StepResult:
     """One training step on every rank (seconds; bytes are per rank per step, momentum sync amortized).
 
-    step_seconds = compute + codec + optimizer + exposed_communication (for lioncub methods every
-    collective is exposed; for the DDP baseline only the tail that outlasts backward).
-    speedup = baseline_step_seconds / step_seconds, the baseline being fp32 DDP allreduce on the same
-    cluster and backend.
+    step_seconds = compute + optimizer + what outlasts backward (with overlap: the tail of the buckets'
+    codec and collectives; without: the codec and every collective).
+    speedup = baseline_step_seconds / step_seconds, the baseline being torch DDP's fp32 allreduce (25 MiB
+    buckets, overlapped) and Lion on the same cluster and backend.
     """
 
     method: str
@@ -161,8 +162,8 @@ def simulate_step(
     step += times["optimizer"]
 
     base_dict, base_step = None, step
-    if _baseline and not (meth.dense and grad_dtype == "float32"):
-        base = simulate_step(cluster, "allreduce", P, None, bucket_mb, compute, None, None, profile,
+    if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
+        base = simulate_step(cluster, "allreduce", P, None, DDP_BUCKET_MB, compute, None, None, profile,
                              algorithm=spec, memory_bandwidth=mem_bw,
                              backward_fraction=backward_fraction, overlap=overlap, cache=cache, _baseline=False)
         base_step = base.step_seconds

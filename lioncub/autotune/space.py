@@ -11,6 +11,7 @@ import lioncub.methods as registry
 from lioncub import schedules, wire
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
+from lioncub.simulator.step import DDP_BUCKET_MB
 from lioncub.simulator.units import format_time, parse_byte_rate
 
 from .risk_rule import MEASURED_AT, _sync_steps, risk
@@ -21,7 +22,7 @@ from .risk_rule import MEASURED_AT, _sync_steps, risk
 DEFAULT_BUCKETS_MB = (4.0, 25.0, 100.0)
 EVERY_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GEOMETRIC_KS = (2, 8, 32)
-BASELINE_BUCKET_MB = 25.0  # the reference: PyTorch DDP's default bucket_cap_mb
+BASELINE_BUCKET_MB = DDP_BUCKET_MB  # the reference: PyTorch DDP's default bucket_cap_mb
 
 
 def default_schedules(steps: int) -> list[str]:

@@ -4,8 +4,7 @@ as `predicted_step_seconds`)."""
 from __future__ import annotations
 
 from lioncub import schedules
-
-DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb default
+from lioncub.simulator.step import DDP_BUCKET_MB
 
 
 def momentum_interval(spec: str, steps: int) -> int | None:
