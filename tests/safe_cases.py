@@ -251,16 +251,16 @@ def ckpt_train(rank, world_size, path, steps, method="vote-1bit", save=True, res
                 messages=log.messages, stats_steps=opt.stats.steps)
 
 
-def ckpt_loaded(rank, world_size, path):
+def ckpt_loaded(rank, world_size, path, method="vote-1bit"):
     """Load `path` and return what was loaded (no training)."""
     from lioncub import checkpoint
 
     net = model()
-    opt = LionCub(net.parameters(), lr=LR, method="vote-1bit", bucket_mb=BUCKET_MB)
+    opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB)
     log = _listen()
     info = checkpoint.load(path, net, opt)
     return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt._step, info=info,
-                messages=log.messages)
+                messages=log.messages, stats_steps=opt.stats.steps)
 
 
 # --- SLURM ----------------------------------------------------------------------------------------------
