@@ -59,6 +59,8 @@ def _train_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--model", default="char-small")
     p.add_argument("--configs", help="comma-separated method[@sync], e.g. allreduce,vote-1bit@every:10")
+    p.add_argument("--ddp-hook", action="store_true",
+                   help="also run each LionCub configuration inside torch DDP (lioncub.attach_ddp)")
     p.add_argument("--json", action="store_true")
 
 

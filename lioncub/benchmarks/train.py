@@ -31,13 +31,25 @@ def _configs(spec: str | None) -> list[tuple[str, str]]:
     return out
 
 
-def _cfg(method, sync, steps, model):
+def _cfg(method, sync, steps, model, ddp_hook=False):
     from lioncub.train.loop import TrainConfig
 
-    return TrainConfig(**{**SCENARIO, "model": model}, method=method, momentum_sync=sync, steps=steps)
+    return TrainConfig(**{**SCENARIO, "model": model}, method=method, momentum_sync=sync, steps=steps,
+                       ddp_hook=ddp_hook)
 
 
-def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small") -> dict:
+def _runs(configs, ddp_hook):
+    """(method, sync, in DDP?) for each row: with ddp_hook, each LionCub configuration once alone and once
+    attached to torch DDP, one after the other."""
+    out = []
+    for method, sync in _configs(configs):
+        out.append((method, sync, False))
+        if ddp_hook and method != DDP_LION:
+            out.append((method, sync, True))
+    return out
+
+
+def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small", ddp_hook=False) -> dict:
     from lioncub.calibrate import default_lab_profile
     from lioncub.lab import Lab, LabError
     from lioncub.simulator.units import parse_rate
@@ -51,10 +63,10 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
         rate = parse_rate(bw)
         rows = []
         with Lab(ranks=ranks, bandwidth=rate) as lab:
-            for method, sync in _configs(configs):
+            for method, sync, hooked in _runs(configs, ddp_hook):
                 try:
-                    s = train_on_lab(_cfg(method, sync, steps, model), ranks, rate, progress=sys.stderr.isatty(),
-                                     lab=lab, compute_seconds=compute)
+                    s = train_on_lab(_cfg(method, sync, steps, model, hooked), ranks, rate,
+                                     progress=sys.stderr.isatty(), lab=lab, compute_seconds=compute)
                 except LabError as exc:  # one failed run costs its row, not the whole benchmark
                     print(f"  {bw} {method}@{sync}: FAILED: {exc}", file=sys.stderr, flush=True)
                     failed.append(dict(bandwidth=bw, method=method, momentum_sync=sync, error=str(exc)[:2000]))
@@ -63,10 +75,11 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
                 # the overlap limit: no overheads, every byte at the link's payload rate, all of it hidden
                 # behind the compute if it fits
                 limit = max(compute, s["codec_seconds"] + s["bytes_per_step"] * 8 / (rate * wire_eff))
-                rows.append(dict(method=method, momentum_sync=sync, **{k: s[k] for k in (
+                rows.append(dict(method=method, momentum_sync=sync, ddp_hook=hooked, **{k: s[k] for k in (
                     "final_loss", "step_seconds", "mean_step_seconds", "compute_seconds", "codec_seconds",
                     "comm_seconds", "bytes_per_step", "predicted_step_seconds", "params")}, limit_seconds=limit))
-                print(f"  {bw} {method}@{sync}: {1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}",
+                print(f"  {bw} {method}@{sync}{' in DDP' if hooked else ''}: {1e3 * s['mean_step_seconds']:.1f} ms, "
+                      f"loss {s['final_loss']:.4f}",
                       file=sys.stderr, flush=True)
         base = next((r for r in rows if r["method"] == DDP_LION), None) or next(
             (r for r in rows if r["method"] == "allreduce"), None)
@@ -95,7 +108,8 @@ def format_train(res: dict) -> str:
                   "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for x in r["rows"]:
             lines.append(
-                f"| {x['method']} | {x['momentum_sync']} | {1e3 * x['mean_step_seconds']:.1f} | {x['speedup']:.2f}x | "
+                f"| {x['method']}{' (in DDP)' if x.get('ddp_hook') else ''} | {x['momentum_sync']} | "
+                f"{1e3 * x['mean_step_seconds']:.1f} | {x['speedup']:.2f}x | "
                 f"{x['final_loss']:.4f} | {100 * x['loss_vs_baseline']:+.1f}% | {x['bytes_per_step'] / 1e3:.1f} | "
                 f"{100 * x['bytes_vs_fp32']:.1f}% | {1e3 * x['predicted_step_seconds']:.1f} | "
                 f"{100 * x['prediction_error']:+.1f}% | {100 * x['of_limit']:.0f}% |")
@@ -160,7 +174,7 @@ def run_train(args) -> int:
     missing = missing_privileges()
     if missing:
         raise SystemExit(f"lioncub bench train runs on the lab, which needs {missing}")
-    res = bench_train(args.bandwidth.split(","), args.ranks, args.steps, args.configs, args.model)
+    res = bench_train(args.bandwidth.split(","), args.ranks, args.steps, args.configs, args.model, args.ddp_hook)
     print(json.dumps(res, indent=2) if args.json else format_train(res))
     return 0
 

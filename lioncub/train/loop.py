@@ -34,6 +34,7 @@ class TrainConfig:
     method: str = "l1-pbit"
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K
+    dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
     lr: float = 2e-3
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -45,6 +46,7 @@ class TrainConfig:
     bucket_mb: float | None = None  # None: LionCub's default (lioncub.wire.auto_bucket_mb)
     grad_wire_dtype: str = "float32"
     overlap: bool = True
+    ddp_hook: bool = False  # wrap the model in torch DDP and attach LionCub to it (lioncub.attach_ddp)
     seed: int = 0
     eval_batches: int = 8
     checkpoint_dir: str | None = None
@@ -61,6 +63,8 @@ class TrainConfig:
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2:
             raise ValueError("steps and batch_size must be >= 1 and block_size >= 2")
         schedules.parse(self.momentum_sync)  # validate early
+        if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
+            raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -145,8 +149,12 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     model.to(cfg.device)
     broadcast_parameters(model)
     opt, net = make_optimizer(cfg, model), model
-    if cfg.method == DDP_LION and dist.is_initialized():
+    if (cfg.method == DDP_LION or cfg.ddp_hook) and dist.is_initialized():
         net = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg.ddp_hook:
+            from lioncub.ddp import attach_ddp
+
+            attach_ddp(net, opt)
     start, records = 0, []
     if cfg.resume and cfg.checkpoint_dir:
         found = _latest_checkpoint(cfg.checkpoint_dir)
@@ -195,7 +203,8 @@ def make_optimizer(cfg: TrainConfig, model):
         return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                    method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
-                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap)
+                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
+                   dense_warmup=cfg.dense_warmup)
 
 
 def _step_figures(opt, backward_s: float, world: int) -> dict:
