@@ -2,11 +2,15 @@
 every rank), then the chosen method from that state; overlap or not; a resume on either side of the
 boundary equals the uninterrupted run."""
 
+import argparse
+import json
+
 import pytest
 import safe_cases
 
 from lioncub import LionCub
 from lioncub.distributed import spawn
+from lioncub.train.loop import TrainConfig
 
 
 @pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])
@@ -30,3 +34,21 @@ def test_dense_warmup_is_validated_and_recorded():
     opt = LionCub(net.parameters(), method="vote-1bit", dense_warmup=5)
     assert opt._spec_at(5).dense and not opt._spec_at(6).dense
     assert opt.state_dict()["lioncub"]["dense_warmup"] == 5
+
+
+def test_lioncub_train_dense_warmup_flag(tmp_path):
+    from lioncub.cli import main
+    from lioncub.train.cli import config_from_args, register
+
+    log = tmp_path / "steps.jsonl"
+    assert main(["train", "--model", "mlp", "--ranks", "2", "--steps", "4", "--method", "vote-1bit",
+                 "--dense-warmup", "2", "--log", str(log), "--json"]) == 0
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    sent = [r["bytes_sent"] for r in records]
+    assert sent[0] == sent[1] > 10 * sent[2] and sent[2] == sent[3]  # fp32 gradients, then 1-bit votes
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    args = parser.parse_args(["train", "--dense-warmup", "300"])
+    assert config_from_args(args).dense_warmup == 300
+    with pytest.raises(ValueError, match="dense_warmup"):
+        TrainConfig(method="ddp+lion", dense_warmup=3)

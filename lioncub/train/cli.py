@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from lioncub.methods import NAMES as METHODS
@@ -33,6 +32,8 @@ def register(sub) -> None:
     p.add_argument("--bucket-mb", dest="bucket_mb", type=float)
     p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
                    help="communicate inside step() instead of during backward")
+    p.add_argument("--dense-warmup", dest="dense_warmup", type=int,
+                   help="run the first K steps with the allreduce method, then --method (default 0)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
@@ -57,12 +58,20 @@ def config_from_args(args):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "overlap", "seed", "device", "checkpoint_dir", "checkpoint_every",
-                "resume"):
+                "block_size", "bucket_mb", "overlap", "dense_warmup", "seed", "device", "checkpoint_dir",
+                "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value
     return TrainConfig.from_dict(base)
+
+
+def _launched() -> bool:
+    """Whether a launcher (torchrun, SLURM's srun, mpirun) started this process as one rank of several."""
+    from lioncub.distributed import launch_env
+
+    where = launch_env()
+    return where is not None and (where.launcher == "torchrun" or where.world_size > 1)
 
 
 def run(args) -> int:
@@ -72,7 +81,7 @@ def run(args) -> int:
     if args.log:
         check_writable(args.log, "--log")
     progress = sys.stderr.isatty() or not args.json
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    if _launched():  # under torchrun, srun or mpirun: this process is one rank
         from lioncub.distributed import finish, init_distributed
 
         rank, _ = init_distributed()
