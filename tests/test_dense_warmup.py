@@ -52,3 +52,27 @@ def test_lioncub_train_dense_warmup_flag(tmp_path):
     assert config_from_args(args).dense_warmup == 300
     with pytest.raises(ValueError, match="dense_warmup"):
         TrainConfig(method="ddp+lion", dense_warmup=3)
+
+
+def test_autotune_recommends_a_dense_warmup_by_risk_level():
+    import torch
+    from lioncub.simulator import Cluster, get_profile
+
+    from lioncub import autotune
+    from lioncub.autotune.risk_rule import dense_warmup_for
+
+    assert [dense_warmup_for(level, 10_000) for level in ("low", "medium", "high")] == [0, 200, 500]
+    assert dense_warmup_for("high", 1000) == 100  # at most a tenth of the run
+    cluster = Cluster.for_ranks(16, bandwidth="1Gbit", latency="50us")
+    model = autotune.model_spec("char-tiny", compute_seconds=0.05)
+    res = autotune.search(cluster, model.params, model.compute_seconds, steps=3000, backend="gloo")
+    levels = set()
+    for c in res.best_per_method():
+        cfg = json.loads(json.dumps(autotune.build_config(c, res, model, cluster, "t", get_profile("gloo"), "v",
+                                                          steps=3000)))
+        want = 0 if c.method == "allreduce" else dense_warmup_for(cfg["risk"]["level"], 3000)
+        assert cfg["optimizer"].get("dense_warmup", 0) == cfg["train"].get("dense_warmup", 0) == want, c.method
+        levels.add(cfg["risk"]["level"])
+        opt = LionCub(torch.nn.Linear(3, 3).parameters(), **cfg["optimizer"])  # both accept it
+        assert opt.dense_warmup == want and TrainConfig.from_dict(cfg["train"]).dense_warmup == want
+    assert {"low", "medium"} <= levels or {"medium", "high"} <= levels  # the rule was exercised

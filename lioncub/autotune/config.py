@@ -9,7 +9,7 @@ from lioncub.simulator import Cluster
 from lioncub.simulator.profiles import BackendProfile
 
 from .models import ModelSpec
-from .risk_rule import RISK_RULE
+from .risk_rule import RISK_RULE, dense_warmup_for
 from .space import BASELINE_BUCKET_MB, Candidate, SearchResult
 
 NCCL_ALGO = {"ring": "Ring", "binomial-tree": "Tree"}
@@ -56,6 +56,9 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
     train = {"method": c.method, "momentum_sync": "none" if c.dense else c.momentum_sync, "bucket_mb": c.bucket_mb}
     if c.levels is not None:
         opt["levels"] = train["levels"] = c.levels
+    warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)
+    if warmup:
+        opt["dense_warmup"] = train["dense_warmup"] = warmup
     if model.builtin:
         train = {"model": model.name, **train, "steps": steps, "batch_size": model.batch_size}
         if model.name != "mlp":

@@ -14,6 +14,7 @@ _RANK_SLOPE = 0.08  # per doubling of N beyond MEASURED_AT, for majority-vote / 
 _SYNC_WEIGHT = {"l1-pbit": 0.50}  # measured for l1-pbit; the vote methods (and any other) weigh _SYNC_DEFAULT
 _SYNC_DEFAULT = 0.10
 _FLOOR = 0.05  # any compressed method: its update is not the baseline's
+DENSE_WARMUP = {"low": 0, "medium": 200, "high": 500}  # steps of allreduce first, by risk level
 
 RISK_RULE = f"""\
 Convergence risk (a heuristic: the network model cannot predict accuracy). Score = 0 for allreduce
@@ -33,7 +34,17 @@ l1-pbit without sync 2.761 (+13%), l1-pbit every:1 2.374, vote-pbit without sync
 without sync 2.386; so at N = 4 only l1-pbit without sync is high. Assumed, not measured: the growth
 with N (majority votes lose accuracy as N grows, L1 levels recover it; the qualitative finding of the
 Lion Cub paper, arXiv:2411.16462, whose slope here is a guess) and the shape between every:1 and no
-sync (the momentum-memory model u). Check them for your model with --pilot."""
+sync (the momentum-memory model u). Check them for your model with --pilot.
+Dense warm-up (LionCub(dense_warmup=K), `lioncub train --dense-warmup K`): the config recommends
+K = {DENSE_WARMUP['medium']} steps at medium risk and {DENSE_WARMUP['high']} at high (none at low), at most a
+tenth of the planned run, as compressed optimizers are usually started (PowerSGD's start_powerSGD_iter,
+1-bit Adam's freeze_step): the first steps, when the momenta are young, run the baseline. A heuristic, not
+measured here; the score does not credit it, and the predicted step time is that of the later steps."""
+
+
+def dense_warmup_for(level: str, steps: int) -> int:
+    """The dense warm-up (steps) the config recommends at risk `level` for a run of `steps` steps."""
+    return min(DENSE_WARMUP[level], steps // 10)
 
 
 def level_of(score: float) -> str:
