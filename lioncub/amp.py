@@ -141,7 +141,7 @@ def _after_unscale(opt, scaler, before, local: bool) -> bool:
         return done["nonfinite_ranks"] > 0
     if done is not None:
         done["stale"] = True  # the vote was taken on the scaled gradients: step() takes it again
-    return _any_rank(local, opt.process_group, opt._buckets[0].g.device)
+    return _any_rank(local, opt.process_group, opt._buckets[0].g.device if opt._buckets else "cpu")
 
 
 def _any_rank(local: bool, group, device) -> bool:

@@ -574,7 +574,7 @@ class LionCub(torch.optim.Optimizer):
                 state["sumsq"] = torch.zeros((), dtype=torch.float64, device=b.g.device) if self._wants_sumsq else None
             g = b.g
             if state["amp"] is not None:
-                g = torch.mul(b.g, state["amp"]["inv_scale"], out=self._scratch(b))
+                g = torch.mul(b.g, state["amp"]["inv_scale"].to(b.g.device), out=self._scratch(b))
             if state["sumsq"] is not None:
                 state["sumsq"] = state["sumsq"] + _sum_squares(g)
             h = self._hyper(b)
@@ -643,6 +643,8 @@ class LionCub(torch.optim.Optimizer):
         one 16-byte all-reduce (compressed methods)."""
         if not max_norm > 0:
             raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        if not self._buckets:
+            return 0.0
         self._wants_sumsq = True
         step = self._step + 1
         dense = self._spec_at(step).dense

@@ -284,3 +284,40 @@ def fake_slurm_rank(procid, ntasks, port, queue):
         finish()
     except BaseException as exc:  # noqa: BLE001  (reported to the test)
         queue.put((procid, None, None, repr(exc), None))
+
+
+# --- inside torch DDP (lioncub.attach_ddp) --------------------------------------------------------------
+
+
+def ddp_clip_amp(rank, world_size, method, steps=4, max_norm=0.05):
+    """fp16 + lioncub.amp.GradScaler + unscale_ + opt.clip_grad_norm_, rank 1 overflowing at step 2: with
+    LionCub alone and with LionCub attached to a DDP model."""
+    from lioncub.amp import GradScaler
+    from lioncub.ddp import attach_ddp
+
+    out = []
+    for hooked in (False, True):
+        net = model()
+        opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB)
+        fwd = net
+        if hooked:
+            fwd = torch.nn.parallel.DistributedDataParallel(net)
+            attach_ddp(fwd, opt)
+        scaler = GradScaler("cpu", init_scale=2.0**10)
+        norms = []
+        for step in range(1, steps + 1):
+            opt.zero_grad()
+            x, y = batch(rank, step)
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = torch.nn.functional.mse_loss(fwd(x).float(), y)
+                if step == 2 and rank == 1:
+                    loss = loss * 1e30
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)
+            norms.append(opt.clip_grad_norm_(max_norm))
+            scaler.step(opt)
+            scaler.update()
+        params = flat(net.parameters())
+        out.append(dict(params=params, momenta=momenta(opt, net), norms=norms, scale=scaler.get_scale(),
+                        replicas_equal=replicas_equal(params), steps=opt._step))
+    return out

@@ -58,3 +58,15 @@ def test_bf16_autocast_trains_without_a_scaler(method):
     for r in reports:
         assert r["replicas_equal"] and r["skipped"] == 0 and r["overlapped"] == 6
         assert r["losses"][-1] < r["losses"][0]
+
+
+@pytest.mark.parametrize("method", ["vote-1bit", "allreduce"])
+def test_scaler_and_clipping_inside_ddp(method):
+    """attach_ddp: .grad is DDP's (local) and the buckets hold copies; unscaling and clipping reach both."""
+    reports = spawn(safe_cases.ddp_clip_amp, 2, method, timeout=120)
+    for r in reports:
+        alone, hooked = r
+        assert alone["steps"] == hooked["steps"] == 3 and alone["scale"] == hooked["scale"] == 512.0
+        assert alone["replicas_equal"] and hooked["replicas_equal"]
+        assert alone["norms"][0] == hooked["norms"][0] and alone["norms"][2:] == hooked["norms"][2:]
+        assert torch.equal(alone["params"], hooked["params"]) and torch.equal(alone["momenta"], hooked["momenta"])
