@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import numbers
 import time
 from dataclasses import asdict, dataclass
 
@@ -157,9 +158,9 @@ class LionCub(torch.optim.Optimizer):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         self.spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
-        if isinstance(dense_warmup, bool) or not isinstance(dense_warmup, int) or dense_warmup < 0:
+        if isinstance(dense_warmup, bool) or not isinstance(dense_warmup, numbers.Integral) or dense_warmup < 0:
             raise ValueError(f"dense_warmup must be an int >= 0 (steps), got {dense_warmup!r}")
-        self.dense_warmup = dense_warmup
+        self.dense_warmup = int(dense_warmup)
         self._dense_spec = methods.get("allreduce")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.method, self.process_group = self.spec.name, process_group
