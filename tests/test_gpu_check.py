@@ -149,7 +149,7 @@ def _round_to_fp32(x: Fraction) -> np.float32:
 
 
 def test_fma_fp32_exact_rounds_once():
-    from lioncub.kernels.triton_common import fma_fp32_exact
+    from lioncub.kernels.triton_interpreter import fma_fp32_exact  # (triton_common must not be imported here)
 
     one = np.float32(1 + 2.0**-12)
     assert fma_fp32_exact(one, one, np.float32(-1))[()] == np.float32(2.0**-11 + 2.0**-24)  # x*y + z would give 2**-11

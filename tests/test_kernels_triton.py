@@ -47,6 +47,10 @@ def T():
     mp = pytest.MonkeyPatch()
     if DEVICE == "cpu":
         mp.setenv("TRITON_INTERPRET", "1")
+        # a kernel module imported earlier in this process without the interpreter holds jit-compiled
+        # device functions that the interpreter cannot call: import them afresh
+        for name in [m for m in sys.modules if m.startswith("lioncub.kernels.triton_")]:
+            mp.delitem(sys.modules, name)
     try:
         yield importlib.import_module("lioncub.kernels.triton_ops")
     finally:
