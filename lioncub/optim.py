@@ -165,6 +165,7 @@ class LionCub(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.method, self.process_group = self.spec.name, process_group
         self.rank, self.world_size = group_rank_size(process_group)
+        self._levels_arg = levels
         self.levels = self.spec.resolve_levels(self.world_size, levels)
         self.schedule = schedules.resolve(momentum_sync)
         if self.spec.dense and momentum_sync is not None:
@@ -185,6 +186,7 @@ class LionCub(torch.optim.Optimizer):
         self._amp_scratch: dict = {}
         self._warned_amp = False
         self._buckets = self._build_buckets()
+        self._overlap_wanted = overlap
         self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
     # --- construction ---------------------------------------------------------------------------------
@@ -263,6 +265,22 @@ class LionCub(torch.optim.Optimizer):
                     p.grad = b.g[offset : offset + n].view_as(p)
                 offset += n
 
+    @torch.no_grad()
+    def _adopt_moved_params(self) -> None:
+        """Frameworks sometimes replace a parameter's .data after the optimizer was built (accelerate's
+        model.to("cpu:0") copies): bring the values back into the bucket and make .data its view again, so
+        the update lands in the model."""
+        for b in self._buckets:
+            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+                view = b.p[start:end]
+                if p.data_ptr() == view.data_ptr():
+                    continue
+                if p.device != view.device or p.dtype != view.dtype:
+                    raise ValueError(f"a parameter moved to {p.device}/{p.dtype} after LionCub was built on "
+                                     f"{view.device}/{view.dtype}: build the optimizer after model.to(...)")
+                view.copy_(p.data.reshape(-1))
+                p.data = view.view_as(p)
+
     def _collect_grads(self) -> None:
         for b in self._buckets:
             self._collect_bucket(b)
@@ -315,6 +333,7 @@ class LionCub(torch.optim.Optimizer):
                 loss = closure()
         self._step += 1
         self.stats.steps += 1
+        self._adopt_moved_params()
         dense = self._spec_at(self._step).dense
         done = self._overlapped_pass()
         self.stats.overlapped_steps += done is not None
@@ -402,10 +421,18 @@ class LionCub(torch.optim.Optimizer):
         return done
 
     def _use_process_group(self, group) -> None:
-        """Communicate on `group` from now on (same ranks: lioncub.ddp gives LionCub a group of its own)."""
+        """Communicate on `group` from now on: lioncub.ddp gives LionCub a group of its own, and a LionCub
+        built before the framework initialised torch.distributed learns its world size here (before its
+        first step)."""
         rank, world = group_rank_size(group)
         if world != self.world_size:
-            raise ValueError(f"the new process group has {world} ranks, the optimizer {self.world_size}")
+            if self._step:
+                raise ValueError(f"the optimizer has taken {self._step} steps on {self.world_size} rank(s) and "
+                                 f"cannot move to a process group of {world}")
+            self.levels = self.spec.resolve_levels(world, self._levels_arg)
+            self.world_size = world
+            if self._overlap is None and self._overlap_wanted and world > 1 and self._buckets:
+                self._overlap = Overlap(self)
         self.process_group, self.rank = group, rank
         for b in self._buckets:
             b.exchange = None
@@ -567,7 +594,8 @@ class LionCub(torch.optim.Optimizer):
         b = self._buckets[k]
         spec = self._spec_at(state["step"])
         t0 = time.perf_counter()
-        self._collect_bucket(b)
+        if not (self._private_grads and state["complete"][k]):  # (under DDP the hooks copied them already)
+            self._collect_bucket(b)
         x = self._exchange(b, spec)
         if not spec.dense:
             if "amp" not in state:  # the pass's first bucket
