@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from lioncub import kernels, methods, schedules, wire
+from lioncub import agreement, kernels, methods, schedules, wire
 from lioncub.overlap import Overlap
 from lioncub.transport import agree_control, allreduce_mean_, group_rank_size
 
@@ -47,6 +47,9 @@ class CommStats:
     last_sync_s: float = 0.0
     last_exposed_comm_s: float = 0.0
     last_backward_wait_s: float = 0.0  # the part of last_exposed_comm_s that backward waited for
+    # how much the ranks agreed on the last compressed step, in [0, 1], read off the agreed code (identical
+    # on every rank; lioncub.agreement); None for the dense method, one rank or an odd N's 1-bit votes
+    last_agreement: float | None = None
     total_bytes_sent: int = 0
     total_bytes_recv: int = 0
     total_collectives: int = 0
@@ -542,6 +545,7 @@ class LionCub(torch.optim.Optimizer):
         if bad:
             return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, t2 - t1)
         zero_parity = (self.rank + self._step) % 2
+        codes = []
         for b, mult in zip(self._buckets, mults):
             h = self._hyper(b)
             x = self._exchange(b)
@@ -551,13 +555,14 @@ class LionCub(torch.optim.Optimizer):
                                   offsets=b.offsets, levels=self.levels)
             tb = clock()
             code = x()
+            codes.append(code)
             tc = clock()
             kernels.unpack_apply(codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
                                  levels=self.levels, layout=x.layout)
             td = clock()
             t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
             collectives += x.collectives
-        self._finish_compressed(clock, collectives, t_quant, t_comm, t_apply)
+        self._finish_compressed(clock, collectives, t_quant, t_comm, t_apply, codes=codes)
 
     def _step_overlapped(self, clock, done: dict) -> None:
         """Apply what backward agreed on, with the deferred momentum update."""
@@ -570,12 +575,21 @@ class LionCub(torch.optim.Optimizer):
             kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
                                  levels=self.levels, layout=b.exchange.layout, momentum=(b.g, b.m, h["beta2"]))
         self._finish_compressed(clock, list(done["collectives"]), done["quantize_s"], done["comm_s"],
-                                clock() - t0, exposed=done["exposed_s"])
+                                clock() - t0, exposed=done["exposed_s"], codes=done["codes"])
 
-    def _finish_compressed(self, clock, collectives, t_quant, t_comm, t_apply, exposed=None) -> None:
+    def _finish_compressed(self, clock, collectives, t_quant, t_comm, t_apply, exposed=None, codes=()) -> None:
         self._momenta_identical = False
         t_sync = 0.0
-        if self.schedule.should_sync(self._step):
+        self.stats.last_agreement = agreement.agreement(
+            self.spec.codec, codes, [b.n for b in self._buckets], self.world_size, self.levels,
+            [b.exchange.layout for b in self._buckets])
+        if hasattr(self.schedule, "decide"):  # adaptive: a function of the agreed codes, the same on every rank
+            sent = wire.traffic(collectives, self.world_size)[0]
+            due = self.schedule.decide(self._step, self.stats.last_agreement, sent,
+                                       wire.traffic(self._sync_collectives(), self.world_size)[0])
+        else:
+            due = self.schedule.should_sync(self._step)
+        if due:
             ts = clock()
             collectives += self._sync_momentum()
             t_sync = clock() - ts
@@ -715,6 +729,9 @@ class LionCub(torch.optim.Optimizer):
 
     # --- momentum -------------------------------------------------------------------------------------
 
+    def _sync_collectives(self) -> list:
+        return [c for b in self._buckets for c in wire.momentum_sync_collectives(b.n)]
+
     @torch.no_grad()
     def _sync_momentum(self) -> list:
         collectives = []
@@ -739,6 +756,8 @@ class LionCub(torch.optim.Optimizer):
                              method=self.method, levels=self.levels, dense_warmup=self.dense_warmup,
                              momenta_identical=self._momenta_identical or self.spec.dense,
                              stats=self.stats.as_dict())
+        if hasattr(self.schedule, "state_dict"):  # an adaptive schedule's running average and byte credit
+            sd["lioncub"]["schedule"] = self.schedule.state_dict()
         return sd
 
     @torch.no_grad()
@@ -767,6 +786,8 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = bool(extra.get("momenta_identical", True))
         if "stats" in extra:
             self.stats = CommStats(**extra["stats"])
+        if "schedule" in extra and hasattr(self.schedule, "load_state_dict"):
+            self.schedule.load_state_dict(extra["schedule"])
 
     def __repr__(self) -> str:
         n = sum(b.n for b in self._buckets)

@@ -23,7 +23,8 @@ def register(sub) -> None:
                    help=f"a LionCub method, or {DDP_LION} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
     p.add_argument("--momentum-sync", dest="momentum_sync",
-                   help="none, K, every:K, first:K:M or geometric:K (default none)")
+                   help="none, K, every:K, first:K:M, geometric:K or adaptive[:T[:B]] (sync momenta when the ranks' "
+                        "agreement is low, within B x the method's bytes; default none)")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", dest="weight_decay", type=float)
     p.add_argument("--steps", type=int)
@@ -115,6 +116,9 @@ def format_summary(s: dict) -> str:
              f"{1e3 * s['codec_seconds']:.1f} + comm {1e3 * s['comm_seconds']:.1f} (medians); mean step "
              f"{1e3 * s['mean_step_seconds']:.1f} ms",
              f"  {s['bytes_per_step'] / 1e6:.3f} MB sent per rank per step"]
+    if s.get("agreement") is not None:
+        lines.append(f"  rank agreement {s['agreement']:.3f} (mean), {s['final_agreement']:.3f} (last tenth); "
+                     f"{s.get('momentum_syncs', 0)} momentum sync(s)")
     if s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
     if s.get("skipped_steps"):

@@ -33,7 +33,7 @@ class TrainConfig:
     model: str = "char-tiny"
     method: str = "l1-pbit"
     levels: int | None = None
-    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K
+    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
     lr: float = 2e-3
     weight_decay: float = 0.1
@@ -216,7 +216,8 @@ def _step_figures(opt, backward_s: float, world: int) -> dict:
         return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0,
                     bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
     return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
-                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent)
+                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent,
+                agreement=s.last_agreement)
 
 
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
@@ -226,6 +227,7 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         return statistics.median(r[key] for r in timed) if timed else 0.0
 
     tail = [r["loss"] for r in records[-10:]]
+    agreed = [r["agreement"] for r in records if r.get("agreement") is not None]
     return dict(
         model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps,
         momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
@@ -237,6 +239,9 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
         skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
         momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
+        # the ranks' agreement (lioncub.agreement) over the run and over its last tenth; None if unmeasured
+        agreement=statistics.fmean(agreed) if agreed else None,
+        final_agreement=statistics.fmean(agreed[-max(1, len(agreed) // 10):]) if agreed else None,
         records=records,
     )
 
