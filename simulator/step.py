@@ -147,7 +147,7 @@ def simulate_step(
         fwd=compute - t_bwd, bwd=t_bwd,
         optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
         codec_bytes=meth.codec_bytes_per_element(N, levels or 0, grad_dtype),
-        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw))
+        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
     buckets = _buckets(P, bucket_mb * 2**20)
     if meth.dense:
         t = _overlapped_step(run, "allreduce", buckets, P, N, times, overlap, wire.DTYPE_BYTES[grad_dtype])
@@ -219,26 +219,32 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
     one thread) encodes and exchanges the buckets in order, then (compressed methods) sends the step's
     control message; only the tail that outlasts backward is exposed. `elem_bytes`: the SIZE of the
     bucket's op per parameter (the gradient dtype for allreduce, 4 for the composites)."""
+    # on CPU ranks (codec_on_compute) each bucket's codec runs on the computing cores: backward lasts the
+    # codecs longer, and the stream carries only the collectives
+    on_cores = times["codec_on_compute"]
+    codec_total = sum(times["codec_bytes"] * e / times["codec_bw"] for e in buckets) if on_cores else 0.0
+    bwd = times["bwd"] + codec_total
     done, end, comm, codec, sent, colls = 0, times["fwd"], 0.0, 0.0, 0.0, []
     for e in buckets:
         done += e
-        ready = times["fwd"] + times["bwd"] * (done / P if overlap else 1.0)
+        ready = times["fwd"] + bwd * (done / P if overlap else 1.0)
         t_codec = times["codec_bytes"] * e / times["codec_bw"]
         t_comm = 0.0
         if N > 1:
             r = run(op, e * elem_bytes)
             t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
             _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds)
-        end = max(end, ready) + t_codec + t_comm
+        end = max(end, ready) + (0.0 if on_cores else t_codec) + t_comm
         comm += t_comm
         codec += t_codec
     if control and N > 1:
         r = run("allreduce", wire.CONTROL.nbytes)
-        end = max(end, times["fwd"] + times["bwd"]) + r.seconds
+        end = max(end, times["fwd"] + bwd) + r.seconds
         comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
         _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
-    exposed = max(0.0, end - (times["fwd"] + times["bwd"]))
-    return dict(codec=codec, comm=comm, exposed=exposed, tail=[exposed], msync=0.0, sent=sent, collectives=colls)
+    exposed = max(0.0, end - (times["fwd"] + bwd))
+    return dict(codec=codec, comm=comm, exposed=exposed, tail=[codec_total, exposed] if on_cores else [exposed],
+                msync=0.0, sent=sent, collectives=colls)
 
 
 def _vote_step(run, method, buckets, N, times, K) -> dict:

@@ -294,7 +294,8 @@ def fit(measurements: list[dict], host_kernels: dict | None = None, base="gloo",
 
     kernels = host_kernel_figures(host_kernels) if host_kernels else {}
     if kernels:
-        profile = profile.replace(reduce_bandwidth=kernels.pop("reduce_bandwidth"), codec_bandwidth=kernels)
+        profile = profile.replace(reduce_bandwidth=kernels.pop("reduce_bandwidth"), codec_bandwidth=kernels,
+                                  codec_on_compute=str(host_kernels.get("device", "cpu")).startswith("cpu"))
     profile = _rounded(profile)
     return profile, report(profile, ms, latency)
 
