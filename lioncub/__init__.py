@@ -17,6 +17,7 @@ _LAZY = {
     "EveryK": "lioncub.schedules",
     "FirstSteps": "lioncub.schedules",
     "Geometric": "lioncub.schedules",
+    "Adaptive": "lioncub.schedules",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

@@ -66,11 +66,16 @@ def _train_arguments(p) -> None:
 
 def _convergence_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--model", default="char-small")
+    p.add_argument("--steps", type=int, help="default 300 (--grid: 200)")
+    p.add_argument("--model", help="default char-small (--grid: char-tiny)")
     p.add_argument("--configs", help="comma-separated method[@sync]")
-    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves here")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves (--merge: the heat map) here")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--grid", action="store_true",
+                   help="the convergence map: regimes (ranks x per-rank batch x lr) x seeds x configurations")
+    p.add_argument("--part", metavar="I/N", help="--grid: run the I-th of N contiguous slices of the runs")
+    p.add_argument("--output", metavar="JSON", help="--grid: write (and resume) the runs here; --merge: the map")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
 
 
 # name -> (options, module of this package, its run function, help)
@@ -80,7 +85,7 @@ BENCHES = {
     "simulator": (_simulator_arguments, "simulator", "run", "simulator wall time on large collectives and steps"),
     "train": (_train_arguments, "train", "run_train",
               "every method on the lab: speedup, loss, bytes, predicted vs measured (root)"),
-    "convergence": (_convergence_arguments, "train", "run_convergence",
+    "convergence": (_convergence_arguments, "convergence_map", "run_convergence",
                     "every method's loss curve against the baseline on local ranks (PNG + table)"),
 }
 
