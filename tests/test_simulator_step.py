@@ -197,3 +197,29 @@ def test_step_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         simulate_step(Cluster(nodes=4), **args)
+
+
+def test_codec_on_compute_cores_adds_to_backward_and_hides_only_communication():
+    """CPU ranks (profile.codec_on_compute): each bucket's codec runs on the cores that compute, so backward
+    lasts the codecs longer and only the collectives overlap it."""
+    from lioncub.simulator import get_profile
+
+    p, P, mb, compute = 4, 30_000_000, 25, 0.3
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    ideal = get_profile("ideal")
+    cpu = ideal.replace(codec_on_compute=True)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=compute, memory_bandwidth=MEM)
+    gpu_like = simulate_step(cluster, "vote-1bit", backend=ideal, **kw)
+    r = simulate_step(cluster, "vote-1bit", backend=cpu, **kw)
+    codec_per_elem = r.codec_seconds / P
+    fwd, bwd = compute / 3, compute * 2 / 3 + r.codec_seconds
+    end, done = fwd, 0
+    for e in buckets(P, mb):
+        done += e
+        chunk = math.ceil(e / (8 * p))
+        end = max(end, fwd + bwd * done / P) + alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+    end = max(end, fwd + bwd) + allreduce_best(p, 4)
+    assert r.codec_seconds == pytest.approx(gpu_like.codec_seconds) and codec_per_elem > 0
+    assert r.exposed_communication_seconds == pytest.approx(end - (fwd + bwd), rel=0.01)
+    assert r.step_seconds == pytest.approx(compute + r.codec_seconds + (end - fwd - bwd) + 20 * P / MEM, rel=0.01)
+    assert r.step_seconds > gpu_like.step_seconds
