@@ -35,7 +35,7 @@ class TrainConfig:
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
-    lr: float = 2e-3
+    lr: float = 7e-4  # the best of a measured sweep (docs/BENCHMARKS.md, "Default learning rate")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
