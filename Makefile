@@ -9,7 +9,7 @@ CPU_TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.lioncub-installed
 NB_STAMP := $(VENV)/.lioncub-notebooks
 
-.PHONY: demo test lint notebooks bench clean-venv lab-clean validation
+.PHONY: demo test lint notebooks bench clean-venv lab-clean validation gpu-check
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { \
@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	@if ! $(PY) -c "import torch" 2>/dev/null; then \
 	  if command -v nvidia-smi >/dev/null 2>&1; then $(PY) -m pip install -q torch; \
 	  else $(PY) -m pip install -q $(CPU_TORCH); fi; fi
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,integrations]'
 	@touch $(STAMP)
 
 demo: $(STAMP)
@@ -34,7 +34,7 @@ lint: $(STAMP)
 # JupyterLab comes from the `notebooks` extra, installed once (editable, like the rest: a plain '.[notebooks]'
 # would replace the editable lioncub with a copy). The notebooks are stored without outputs: notebooks/README.md.
 $(NB_STAMP): $(STAMP)
-	$(PY) -m pip install -q -e '.[dev,notebooks]'
+	$(PY) -m pip install -q -e '.[dev,integrations,notebooks]'
 	@touch $(NB_STAMP)
 
 notebooks: $(NB_STAMP)
@@ -44,6 +44,14 @@ bench: $(STAMP)
 	$(VENV)/bin/lioncub bench step
 	$(VENV)/bin/lioncub bench kernels
 	$(VENV)/bin/lioncub bench simulator
+
+# Every CUDA check and benchmark in one command, < 6 minutes (docs/GPU_CHECK.md). On a GPU machine it uses that
+# machine's Python and installs lioncub into it offline (wheels from .whl/: scripts/fetch_gpu_wheels.sh);
+# without a GPU it builds .venv and rehearses on CPU tensors (Triton interpreter, tiny sizes).
+OUT ?= out/gpu-check
+gpu-check:
+	@command -v nvidia-smi >/dev/null 2>&1 || $(MAKE) --no-print-directory $(STAMP)
+	bash scripts/gpu_check.sh $(OUT)
 
 validation: $(STAMP)
 	$(VENV)/bin/lioncub lab validate --output docs/VALIDATION.md

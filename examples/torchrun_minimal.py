@@ -2,7 +2,7 @@
 
     torchrun --nproc_per_node 4 examples/torchrun_minimal.py --method l1-pbit --steps 50
 
-No DDP wrapper: LionCub does all communication inside step(). Each rank must see different data.
+No DDP wrapper: LionCub does all communication itself, during backward. Each rank must see different data.
 """
 
 import argparse

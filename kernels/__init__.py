@@ -65,17 +65,17 @@ def lion_step(p, g, m, **kw):
     return implementation(p).lion_step(p, g, m, **kw)
 
 
-def prepass(method, g, m, **kw):
-    return implementation(g).prepass(method, g, m, **kw)
+def prepass(codec, g, m, **kw):
+    return implementation(g).prepass(codec, g, m, **kw)
 
 
-def quantize_pack(method, g, m, out, **kw):
-    return implementation(g).quantize_pack(method, g, m, out, **kw)
+def quantize_pack(codec, g, m, out, **kw):
+    return implementation(g).quantize_pack(codec, g, m, out, **kw)
 
 
 def vote(rows, out_sign, out_nonzero=None):
     return implementation(rows).vote(rows, out_sign, out_nonzero)
 
 
-def unpack_apply(method, p, code, **kw):
-    return implementation(p).unpack_apply(method, p, code, **kw)
+def unpack_apply(codec, p, code, **kw):
+    return implementation(p).unpack_apply(codec, p, code, **kw)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from lioncub.wire import FieldLayout
+from lioncub.wire import Codec, FieldLayout
 
 PACK_MAGIC = 0x0102040810204080  # (8 bytes of 0/1 as an int64) * PACK_MAGIC >> 56 == the packed byte
 _CACHE: dict = {}
@@ -215,9 +215,9 @@ def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch
     return mult.float().to(sums.device)
 
 
-def prepass(method: str, g, m, *, beta1: float, offsets: list[int], levels: int = 0):
+def prepass(codec: Codec, g, m, *, beta1: float, offsets: list[int], levels: int = 0):
     """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
-    if method == "l1-pbit":
+    if codec.l1:
         sums = torch.zeros(len(offsets) - 1, dtype=torch.float64, device=g.device)
         for seg, s, e in pieces(g.numel(), offsets, g.device):
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device))
@@ -233,29 +233,31 @@ def l1_levels(c: torch.Tensor, mult: torch.Tensor, offsets: list[int], levels: i
     return c.round_().clamp_(-levels, levels)
 
 
-def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
+def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
                   zero_parity: int = 0, layout: FieldLayout | None = None,
                   mult: torch.Tensor | None = None, offsets: list[int] | None = None,
-                  levels: int = 0) -> torch.Tensor:
-    """Form c, write the method's packed code into `out`, update m in place (one pass on a GPU).
+                  levels: int = 0, update_momentum: bool = True) -> torch.Tensor:
+    """Form c, write the codec's packed code into `out`, update m in place unless update_momentum is False
+    (one pass on a GPU).
 
-    1-bit methods: `out` is uint8 with 8*out.numel() >= n bits (padding bits are unspecified).
-    p-bit methods: `out` holds layout.words(n) words of layout.dtype.
+    "signs": `out` is uint8 with 8*out.numel() >= n bits (padding bits are unspecified).
+    "fields": `out` holds layout.words(n) words of layout.dtype.
     """
     n, dev = g.numel(), g.device
-    if method in ("vote-1bit", "vote-allgather"):
+    if codec.kind == "signs":
         for _, s, e in pieces(n, device=dev):  # starts are multiples of 64: whole bytes, same index parity
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, dev))
-            momentum_update_(m[s:e], g[s:e], beta2)
+            if update_momentum:
+                momentum_update_(m[s:e], g[s:e], beta2)
             pack_signs(c, out[s // 8 : e // 8 if e < n else out.numel()], zero_parity)
         return out
-    if method not in ("vote-pbit", "avg-pbit", "l1-pbit"):
-        raise ValueError(f"quantize_pack: method {method!r} has no code")
+    _check_fields(codec)
     values = scratch("values", n, torch.float32, dev)
-    scales = mult.tolist() if method == "l1-pbit" else None
+    scales = mult.tolist() if codec.l1 else None
     for seg, s, e in pieces(n, offsets if scales else None, dev):
         c = lion_direction(g[s:e], m[s:e], beta1, values[s:e])
-        momentum_update_(m[s:e], g[s:e], beta2)
+        if update_momentum:
+            momentum_update_(m[s:e], g[s:e], beta2)
         if scales is None:
             c.sign_().add_(1)  # sign(c) + 1, in {0, 1, 2}
         else:
@@ -358,16 +360,23 @@ def _equals(planes: list[torch.Tensor], value: float) -> torch.Tensor:
     return eq
 
 
-def _field_update_table(method: str, layout: FieldLayout, world_size: int, levels: int, device):
+def _check_fields(codec: Codec) -> None:
+    if codec.kind != "fields" or codec.values not in ("vote", "l1") or codec.decode not in ("sign", "mean"):
+        raise ValueError(f"no field kernels for codec {codec}")
+
+
+def _field_update(codec: Codec, sums: torch.Tensor, world_size: int, levels: int) -> torch.Tensor:
+    """U (float64) from summed field values."""
+    centred = sums - codec.offset(world_size, levels)
+    return centred / world_size if codec.decode == "mean" else torch.sign(centred)
+
+
+def _field_update_table(codec: Codec, layout: FieldLayout, world_size: int, levels: int, device):
     """U as a function of one summed field value f (a table of 2**width fp32 entries)."""
     def build():
         f = torch.arange(1 << layout.width, dtype=torch.float64)
-        if method == "vote-pbit":
-            return torch.sign(f - world_size).float()
-        if method == "avg-pbit":
-            return ((f - world_size) / world_size).float()
-        return torch.sign(f - world_size * levels).float()
-    return _table((method, layout, world_size, levels), device, build)
+        return _field_update(codec, f, world_size, levels).float()
+    return _table((codec, layout, world_size, levels), device, build)
 
 
 def _planes(n: int, layout: FieldLayout, W: int) -> list[int]:
@@ -375,10 +384,10 @@ def _planes(n: int, layout: FieldLayout, W: int) -> list[int]:
     return [j * W for j in range(layout.per_word) if j * W < n] + [n]
 
 
-def _decode_piece(method: str, code, s: int, e: int, *, world_size: int, levels: int, layout, slot="update"):
+def _decode_piece(codec: Codec, code, s: int, e: int, *, world_size: int, levels: int, layout, slot="update"):
     """U (fp32, a scratch view) for elements [s, e); s is a multiple of 64 and, for p-bit codes, [s, e)
     lies in one field plane."""
-    if method in ("vote-1bit", "vote-allgather"):
+    if codec.kind == "signs":
         sign_plane, nonzero_plane = code
         update = _bits_piece(sign_plane, s, e, "sign", slot)
         if nonzero_plane is not None:
@@ -389,36 +398,37 @@ def _decode_piece(method: str, code, s: int, e: int, *, world_size: int, levels:
     words = code[s - j * W : e - j * W]
     f = scratch("unfield", words.numel(), words.dtype, words.device)
     torch.bitwise_right_shift(words, layout.width * j, out=f).bitwise_and_((1 << layout.width) - 1)
-    table = _field_update_table(method, layout, world_size, levels, code.device)
+    table = _field_update_table(codec, layout, world_size, levels, code.device)
     return torch.index_select(table, 0, f.to(torch.int32), out=scratch(slot, e - s, torch.float32, code.device))
 
 
-def decode_update(method: str, code, n: int, *, world_size: int, levels: int = 0,
+def decode_update(codec: Codec, code, n: int, *, world_size: int, levels: int = 0,
                   layout: FieldLayout | None = None) -> torch.Tensor:
     """The agreed update U (fp32, a new tensor of n elements) from the agreed code."""
-    if method not in ("vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit", "l1-pbit"):
-        raise ValueError(f"decode_update: unknown method {method!r}")
-    if method in ("vote-pbit", "avg-pbit", "l1-pbit") and layout.width > 16:  # too wide for a table
-        sums = unpack_fields(code, layout, n).double()
-        offset = world_size * (levels if method == "l1-pbit" else 1)
-        u = (sums - world_size) / world_size if method == "avg-pbit" else torch.sign(sums - offset)
-        return u.float()
-    out = torch.empty(n, dtype=torch.float32, device=(code[0] if isinstance(code, tuple) else code).device)
-    bounds = None if method in ("vote-1bit", "vote-allgather") else _planes(n, layout, code.numel())
+    onebit = codec.kind == "signs"
+    if not onebit:
+        _check_fields(codec)
+        if layout.width > 16:  # too wide for a table
+            return _field_update(codec, unpack_fields(code, layout, n).double(), world_size, levels).float()
+    out = torch.empty(n, dtype=torch.float32, device=(code[0] if onebit else code).device)
+    bounds = None if onebit else _planes(n, layout, code.numel())
     for _, s, e in pieces(n, bounds, out.device):
-        out[s:e] = _decode_piece(method, code, s, e, world_size=world_size, levels=levels, layout=layout)
+        out[s:e] = _decode_piece(codec, code, s, e, world_size=world_size, levels=levels, layout=layout)
     return out
 
 
-def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
-                 layout: FieldLayout | None = None) -> None:
-    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U (one pass on a GPU; in cache-sized
-    pieces on a CPU)."""
+def unpack_apply(codec: Codec, p, code, *, lr: float, wd: float, world_size: int, levels: int = 0,
+                 layout: FieldLayout | None = None, momentum=None) -> None:
+    """Decode the agreed code and apply p <- p*(1 - lr*wd) - lr*U, and with momentum=(g, m, beta2) the
+    momentum update too (one pass on a GPU; in cache-sized pieces on a CPU)."""
     n = p.numel()
-    onebit = method in ("vote-1bit", "vote-allgather")
+    onebit = codec.kind == "signs"
     if not onebit and layout.width > 16:
-        return apply_update_(p, decode_update(method, code, n, world_size=world_size, levels=levels,
-                                              layout=layout), lr, wd)
+        apply_update_(p, decode_update(codec, code, n, world_size=world_size, levels=levels, layout=layout), lr, wd)
+        if momentum is not None:
+            g, m, beta2 = momentum
+            momentum_update_(m, g, beta2)
+        return
     fused = onebit and code[1] is not None and p.dtype == torch.float32
     for _, s, e in pieces(n, None if onebit else _planes(n, layout, code.numel()), p.device):
         if fused:  # U = sign * not-a-tie, folded into the update
@@ -428,5 +438,8 @@ def unpack_apply(method: str, p, code, *, lr: float, wd: float, world_size: int,
                 p[s:e].mul_(1 - lr * wd)
             p[s:e].addcmul_(signs, ones, value=-lr)
         else:
-            update = _decode_piece(method, code, s, e, world_size=world_size, levels=levels, layout=layout)
+            update = _decode_piece(codec, code, s, e, world_size=world_size, levels=levels, layout=layout)
             apply_update_(p[s:e], update, lr, wd)
+        if momentum is not None:
+            g, m, beta2 = momentum
+            momentum_update_(m[s:e], g[s:e], beta2)

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import triton_interpreter
+
 # Tile sizes and warps per program. Chosen for an H100 (memory-bound kernels: 8-16 fp32 per thread, enough
 # bytes in flight per SM to cover HBM latency); tests shrink them to exercise many tiles at small sizes.
 CFG = {
@@ -44,7 +46,19 @@ LAUNCH = {"enable_fp_fusion": False}
 MAX_ELEMENTS = 2**31 - 2**22
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # largest finite float32
 
-METHOD_IDS = {"vote-pbit": 1, "avg-pbit": 2, "l1-pbit": 3}
+# The field codecs compiled into the kernels (constexpr CODEC), by (values, decode) of lioncub.wire.Codec.
+FIELD_CODECS = {("vote", "sign"): 1, ("vote", "mean"): 2, ("l1", "sign"): 3}
+
+
+def field_codec_id(codec) -> int:
+    key = (codec.values, codec.decode)
+    if codec.kind != "fields" or key not in FIELD_CODECS:
+        raise ValueError(f"no field kernels for codec {codec}")
+    return FIELD_CODECS[key]
+
+
+# Older Triton interpreters (tests under TRITON_INTERPRET=1) are patched on import: triton_interpreter.py.
+INTERPRETER_PATCHES = triton_interpreter.INTERPRETER_PATCHES
 
 
 # --- device functions -------------------------------------------------------------------------------------

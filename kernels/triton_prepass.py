@@ -111,9 +111,9 @@ def all_finite(g) -> bool:
     return not bool(bad.any())
 
 
-def prepass(method: str, g, m, *, beta1: float, offsets, levels: int = 0):
+def prepass(codec, g, m, *, beta1: float, offsets, levels: int = 0):
     """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
-    if method == "l1-pbit":
+    if codec.l1:
         sums = segment_abs_sums(g, m, beta1=beta1, offsets=offsets)
         return bool(torch.isfinite(sums).all()), reference.l1_multipliers(sums, list(offsets), levels)
     return all_finite(g), None

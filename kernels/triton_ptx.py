@@ -24,6 +24,7 @@ def _kernels():
 
     f32 = {"p": "*fp32", "g": "*fp32", "m": "*fp32"}
     bf16 = {"p": "*bf16", "g": "*bf16", "m": "*bf16"}
+    gm32 = {"g": "*fp32", "m": "*fp32"}
     emu = {"EMU": False}
     return [
         # name, kernel, pointer types (by prefix before _ptr), constexprs, warps
@@ -34,22 +35,29 @@ def _kernels():
          {**f32, "tile": "*i32", "lo": "*i32", "hi": "*i32", "part": "*fp64"}, {"BLOCK": 4096}, 8),
         ("prepass l1 combine", triton_prepass._combine_kernel, {"part": "*fp64", "first": "*i32", "sums": "*fp64"},
          {"CHUNK": 256}, 4),
-        ("quantize 1-bit fp32", triton_quantize._onebit_kernel, {**f32, "out": "*u8"}, {"BYTES": 256, **emu}, 8),
-        ("quantize 1-bit bf16", triton_quantize._onebit_kernel, {**bf16, "out": "*u8"}, {"BYTES": 256, **emu}, 8),
+        ("quantize 1-bit fp32", triton_quantize._onebit_kernel, {**f32, "out": "*u8"},
+         {"BYTES": 256, "UPDATE_M": True, **emu}, 8),
+        ("quantize 1-bit bf16 (momentum deferred)", triton_quantize._onebit_kernel, {**bf16, "out": "*u8"},
+         {"BYTES": 256, "UPDATE_M": False, **emu}, 8),
         ("quantize l1-pbit fp32 (u8, 1 field)", triton_quantize._fields_kernel,
          {**f32, "out": "*u8", "mult": "*fp32", "off": "*i32", "seg": "*i32"},
-         {"METHOD": 3, "WIDTH": 8, "FIELDS": 1, "WIDE": False, "BW": 2048, "NSTEPS": 6, **emu}, 8),
+         {"CODEC": 3, "WIDTH": 8, "FIELDS": 1, "WIDE": False, "BW": 2048, "NSTEPS": 6, "UPDATE_M": True, **emu}, 8),
         ("quantize vote-pbit fp32 (i64, 21 fields)", triton_quantize._fields_kernel,
          {**f32, "out": "*i64", "mult": "*u8", "off": "*u8", "seg": "*u8"},
-         {"METHOD": 1, "WIDTH": 3, "FIELDS": 21, "WIDE": True, "BW": 64, "NSTEPS": 1, **emu}, 8),
-        ("apply 1-bit fp32 (+tie plane)", triton_apply._onebit_kernel, {"p": "*fp32", "s": "*u8", "z": "*u8"},
-         {"HAS_Z": True, "BYTES": 256, **emu}, 8),
-        ("apply 1-bit bf16", triton_apply._onebit_kernel, {"p": "*bf16", "s": "*u8", "z": "*u8"},
-         {"HAS_Z": False, "BYTES": 256, **emu}, 8),
-        ("apply l1-pbit fp32 (u8, 1 field)", triton_apply._fields_kernel, {"p": "*fp32", "code": "*u8"},
-         {"METHOD": 3, "WIDTH": 8, "FIELDS": 1, "WIDE": False, "BW": 2048, **emu}, 8),
-        ("apply avg-pbit fp32 (u8, 2 fields)", triton_apply._fields_kernel, {"p": "*fp32", "code": "*u8"},
-         {"METHOD": 2, "WIDTH": 4, "FIELDS": 2, "WIDE": False, "BW": 1024, **emu}, 8),
+         {"CODEC": 1, "WIDTH": 3, "FIELDS": 21, "WIDE": True, "BW": 64, "NSTEPS": 1, "UPDATE_M": False, **emu},
+         8),
+        ("apply 1-bit fp32 (+tie plane)", triton_apply._onebit_kernel, {"p": "*fp32", "s": "*u8", "z": "*u8", **gm32},
+         {"HAS_Z": True, "HAS_M": False, "BYTES": 256, **emu}, 8),
+        ("apply 1-bit fp32 (+tie plane, +momentum)", triton_apply._onebit_kernel,
+         {"p": "*fp32", "s": "*u8", "z": "*u8", **gm32}, {"HAS_Z": True, "HAS_M": True, "BYTES": 256, **emu}, 8),
+        ("apply 1-bit bf16 (+momentum)", triton_apply._onebit_kernel, {"p": "*bf16", "s": "*u8", "z": "*u8",
+                                                                          "g": "*bf16", "m": "*bf16"},
+         {"HAS_Z": False, "HAS_M": True, "BYTES": 256, **emu}, 8),
+        ("apply l1-pbit fp32 (u8, 1 field, +momentum)", triton_apply._fields_kernel,
+         {"p": "*fp32", "code": "*u8", **gm32},
+         {"CODEC": 3, "WIDTH": 8, "FIELDS": 1, "WIDE": False, "HAS_M": True, "BW": 2048, **emu}, 8),
+        ("apply avg-pbit fp32 (u8, 2 fields)", triton_apply._fields_kernel, {"p": "*fp32", "code": "*u8", **gm32},
+         {"CODEC": 2, "WIDTH": 4, "FIELDS": 2, "WIDE": False, "HAS_M": False, "BW": 1024, **emu}, 8),
         ("vote 8 rows (int32 words)", triton_vote._vote_kernel, {"rows": "*i32", "sign": "*i32", "nz": "*i32"},
          {"HAS_NZ": True, "NPL": 4, "BW": 1024}, 4),
         # integer arguments equal to 1 are specialised to constants by the JIT: those variants compile too
@@ -58,9 +66,11 @@ def _kernels():
         ("edge: vote 2 rows (half = 1)", triton_vote._vote_kernel, {"rows": "*i32", "sign": "*i32", "nz": "*i32"},
          {"half": 1, "B": 1, "HAS_NZ": False, "NPL": 2, "BW": 1024}, 4),
         ("edge: quantize 1-bit (n = 1, parity = 1)", triton_quantize._onebit_kernel, {**bf16, "out": "*u8"},
-         {"n": 1, "nbytes": 1, "parity": 1, "BYTES": 256, **emu}, 8),
-        ("edge: apply avg-pbit (N = 1, W = 1)", triton_apply._fields_kernel, {"p": "*fp16", "code": "*i64"},
-         {"world": 1, "offset": 1, "W": 1, "METHOD": 2, "WIDTH": 2, "FIELDS": 31, "WIDE": True, "BW": 64, **emu}, 8),
+         {"n": 1, "nbytes": 1, "parity": 1, "BYTES": 256, "UPDATE_M": True, **emu}, 8),
+        ("edge: apply avg-pbit (N = 1, W = 1)", triton_apply._fields_kernel,
+         {"p": "*fp16", "code": "*i64", "g": "*fp16", "m": "*fp16"},
+         {"world": 1, "offset": 1, "W": 1, "CODEC": 2, "WIDTH": 2, "FIELDS": 31, "WIDE": True, "HAS_M": False, "BW": 64,
+          **emu}, 8),
     ]
 
 

@@ -1,4 +1,6 @@
 """Quantize-and-pack: read g and m, form c, write the packed code, update m in place, in one pass.
+(With update_momentum=False m is left as it is: the overlapped step updates it in unpack_apply, once every
+rank has agreed to take the step.)
 
 1-bit methods (vote-allgather, vote-1bit): a program owns BYTES output bytes = 8*BYTES consecutive
 elements, loaded as a [BYTES, 8] tile (rows contiguous: coalesced, vectorised). Bit j of byte b is
@@ -32,13 +34,13 @@ import triton.language as tl
 from .triton_common import (
     CFG,
     LAUNCH,
-    METHOD_IDS,
     cached,
     check_flat,
     check_offsets,
     device_fn,
     dummy,
     emulate_bf16,
+    field_codec_id,
     lion_direction,
     load,
     momentum,
@@ -53,14 +55,15 @@ from .triton_common import (
 
 @device_fn
 def _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity,
-                 MASKED: tl.constexpr, EMU: tl.constexpr):
+                 UPDATE_M: tl.constexpr, MASKED: tl.constexpr, EMU: tl.constexpr):
     j = tl.arange(0, 8)
     i = rows[:, None] * 8 + j[None, :]
     mask = i < n
     g = load(g_ptr, i, mask, MASKED).to(tl.float32)
     m = load(m_ptr, i, mask, MASKED).to(tl.float32)
     c = lion_direction(g, m, beta1, omb1)
-    store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
+    if UPDATE_M:
+        store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
     zero_vote = ((j + parity) & 1) == 0
     bit = (c > 0) | ((c == 0) & zero_vote[None, :])
     byte = total(bit.to(tl.int32) << j[None, :], axis=1)
@@ -69,14 +72,16 @@ def _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb
 
 @triton.jit
 def _onebit_kernel(g_ptr, m_ptr, out_ptr, n, nbytes, beta1, omb1, beta2, omb2, parity,
-                   BYTES: tl.constexpr, EMU: tl.constexpr):
+                   BYTES: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BYTES + tl.arange(0, BYTES)
     end = (pid + 1) * BYTES
     if (end * 8 <= n) & (end <= nbytes):
-        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, False, EMU)
+        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, UPDATE_M, False,
+                     EMU)
     else:
-        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, True, EMU)
+        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, UPDATE_M, True,
+                     EMU)
 
 
 @device_fn
@@ -100,8 +105,9 @@ def _l1_multiplier(mult_ptr, off_ptr, seg_ptr, i, slot, BW: tl.constexpr, NSTEPS
 
 @device_fn
 def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                 levels, METHOD: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
-                 BW: tl.constexpr, NSTEPS: tl.constexpr, MASKED: tl.constexpr, EMU: tl.constexpr):
+                 levels, CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
+                 BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, MASKED: tl.constexpr,
+                 EMU: tl.constexpr):
     acc = tl.full([BW], 0, tl.int64 if WIDE else tl.int32)
     for j in tl.static_range(FIELDS):
         i = j * W + w
@@ -109,8 +115,9 @@ def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W
         g = load(g_ptr, i, mask, MASKED).to(tl.float32)
         m = load(m_ptr, i, mask, MASKED).to(tl.float32)
         c = lion_direction(g, m, beta1, omb1)
-        store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
-        if METHOD == 3:  # l1-pbit: clamp first, then round (the same as round-then-clamp for integer s)
+        if UPDATE_M:
+            store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
+        if CODEC == 3:  # L1 levels: clamp first, then round (the same as round-then-clamp for integer s)
             k = _l1_multiplier(mult_ptr, off_ptr, seg_ptr, i, pid * FIELDS + j, BW, NSTEPS)
             v = rint(tl.minimum(tl.maximum(c * k, -levels), levels)) + levels
         else:
@@ -123,17 +130,17 @@ def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W
 
 @triton.jit
 def _fields_kernel(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, n, W, beta1, omb1, beta2, omb2, levels,
-                   METHOD: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
-                   BW: tl.constexpr, NSTEPS: tl.constexpr, EMU: tl.constexpr):
+                   CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
+                   BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     w = pid * BW + tl.arange(0, BW)
     end = (pid + 1) * BW
     if (end <= W) & ((FIELDS - 1) * W + end <= n):
         _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                     levels, METHOD, WIDTH, FIELDS, WIDE, BW, NSTEPS, False, EMU)
+                     levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, False, EMU)
     else:
         _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                     levels, METHOD, WIDTH, FIELDS, WIDE, BW, NSTEPS, True, EMU)
+                     levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, True, EMU)
 
 
 def field_words_per_program(fields: int) -> int:
@@ -155,24 +162,25 @@ def _tile_segments(offsets, n: int, W: int, bw: int, fields: int, device):
     return cached(("tile_segments", tuple(offsets), n, W, bw, fields, str(device)), build)
 
 
-def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: float, zero_parity: int = 0,
-                  layout=None, mult: torch.Tensor | None = None, offsets=None, levels: int = 0) -> torch.Tensor:
-    """Form c, write the method's packed code into `out`, update m in place: one launch, one pass."""
+def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float, zero_parity: int = 0,
+                  layout=None, mult: torch.Tensor | None = None, offsets=None, levels: int = 0,
+                  update_momentum: bool = True) -> torch.Tensor:
+    """Form c, write the codec's packed code into `out`, update m in place: one launch, one pass."""
     n = check_flat(g, m)
     scalars = (float(beta1), float(1 - beta1), float(beta2), float(1 - beta2))
     if not out.is_contiguous() or out.device != g.device:
         raise ValueError("quantize_pack: `out` must be contiguous on the bucket's device")
-    if method in ("vote-1bit", "vote-allgather"):
+    if codec.kind == "signs":
         nbytes = out.numel()
         covered = max(nbytes, triton.cdiv(n, 8))
         if covered == 0:
             return out
         rows, warps = CFG["onebit"]
         _onebit_kernel[(triton.cdiv(covered, rows),)](g, m, out, n, nbytes, *scalars, int(zero_parity) % 2,
-                                                      BYTES=rows, EMU=emulate_bf16(), **LAUNCH, num_warps=warps)
+                                                      BYTES=rows, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
+                                                      **LAUNCH, num_warps=warps)
         return out
-    if method not in METHOD_IDS:
-        raise ValueError(f"quantize_pack: method {method!r} has no code")
+    codec_id = field_codec_id(codec)
     W, F = out.numel(), layout.per_word
     if W * F < n:
         raise ValueError(f"{W} words of {F} fields cannot hold {n} values")
@@ -181,8 +189,7 @@ def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: 
     if W == 0:
         return out
     bw = field_words_per_program(F)
-    method_id = METHOD_IDS[method]
-    if method_id == 3:
+    if codec.l1:
         if mult is None or offsets is None:
             raise ValueError("quantize_pack: l1-pbit needs mult and offsets (from prepass)")
         off, seg = _tile_segments(offsets, n, W, bw, F, g.device)
@@ -192,7 +199,7 @@ def quantize_pack(method: str, g, m, out: torch.Tensor, *, beta1: float, beta2: 
         off = seg = mult = dummy(g.device)  # not read by this specialisation
         nsteps = 1
     _fields_kernel[(triton.cdiv(W, bw),)](
-        g, m, out, mult, off, seg, n, W, *scalars, float(levels), METHOD=method_id, WIDTH=layout.width,
-        FIELDS=F, WIDE=layout.word_bits == 64, BW=bw, NSTEPS=nsteps, EMU=emulate_bf16(),
+        g, m, out, mult, off, seg, n, W, *scalars, float(levels), CODEC=codec_id, WIDTH=layout.width,
+        FIELDS=F, WIDE=layout.word_bits == 64, BW=bw, NSTEPS=nsteps, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
         **LAUNCH, num_warps=CFG["fields"][1])
     return out

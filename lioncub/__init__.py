@@ -8,13 +8,16 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LionCub": "lioncub.optim",
+    "Lion": "lioncub.lion",
     "lion_step": "lioncub.optim",
+    "attach_ddp": "lioncub.ddp",
     "broadcast_parameters": "lioncub.distributed",
     "init_distributed": "lioncub.distributed",
     "finish": "lioncub.distributed",
     "EveryK": "lioncub.schedules",
     "FirstSteps": "lioncub.schedules",
     "Geometric": "lioncub.schedules",
+    "Adaptive": "lioncub.schedules",
 }
 
 __all__ = sorted(_LAZY) + ["__version__"]

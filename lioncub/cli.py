@@ -11,48 +11,35 @@ import importlib
 import os
 import sys
 
-# command -> (module defining register(subparsers), one-line help)
+# command -> (the module of its CLI, defining register(subparsers); one-line help)
 COMMANDS = {
     "simulate": ("lioncub.simulator.cli", "predict collective and training-step times (no GPU needed)"),
-    "autotune": ("lioncub.autotune", "search method, collective, buckets and sync interval for a cluster"),
+    "autotune": ("lioncub.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
     "train": ("lioncub.train.cli", "train a built-in model with any method/config"),
     "lab": ("lioncub.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
-    "calibrate": ("lioncub.calibrate", "fit the simulator's backend profile to measurements"),
-    "bench": ("lioncub.bench", "benchmarks (speed and memory targets)"),
+    "calibrate": ("lioncub.calibrate.cli", "fit the simulator's backend profile to measurements"),
+    "bench": ("lioncub.benchmarks.cli", "benchmarks (speed and memory targets)"),
     "demo": ("lioncub.demo", "simulate, autotune and train the default scenario (make demo)"),
 }
 
 
-_ARGV: list[str] = []
-
-
-def current_argv() -> list[str]:
-    """The arguments being parsed (so a command can register only the sub-command being run)."""
-    return _ARGV
-
-
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser with every command listed and only `command`'s module imported to register its options."""
     parser = argparse.ArgumentParser(
         prog="lioncub",
         description="Communication-efficient distributed Lion: simulate, autotune, train.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
-        if name != command:
-            sub.add_parser(name, help=help_, add_help=False)
-            continue
-        try:
+        if name == command:
             importlib.import_module(module).register(sub)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            sub.add_parser(name, help=help_ + " (not available in this build)")
+        else:
+            sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    _ARGV[:] = argv
     command = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
@@ -72,5 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     return int(rc or 0)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # python -m lioncub.cli: run the module's importable copy (commands read its argv)
+    from lioncub.cli import main as _main
+
+    sys.exit(_main())

@@ -6,13 +6,14 @@ communication-bound. As root the ranks run on the emulated Ethernet lab (one net
 tbf-shaped veth links); otherwise on local Gloo ranks over loopback, and the demo says so.
 
 1. measure compute (forward + backward with 4 processes at once on this machine);
-2. simulate every method with the bundled lab calibration;
+2. simulate every method with the bundled lab calibration, against what users run today: torch DDP + Lion;
 3. autotune: the fastest configuration within the default convergence-risk bound;
-4. train the allreduce baseline and the chosen configuration, and print predicted against measured.
+4. train ddp+lion, LionCub's allreduce and the chosen configuration, and print predicted against measured.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 SCENARIO = dict(model="char-small", batch_size=8, block_size=32, lr=1e-3)
@@ -39,16 +40,19 @@ def run(args) -> int:
     from lioncub.autotune import recommend, search
     from lioncub.calibrate import default_lab_profile
     from lioncub.lab import missing_privileges
+    from lioncub.methods import NAMES as METHODS
     from lioncub.simulator import Cluster, simulate_step
     from lioncub.simulator.units import format_rate, format_time, parse_rate
+    from lioncub.train import DDP_LION
     from lioncub.train.loop import TrainConfig, build, measure_compute
     from lioncub.train.models import count_params
-    from lioncub.wire import METHODS
+    from lioncub.train.predict import DDP_BUCKET_MB
+    from lioncub.wire import auto_bucket_mb
 
     rate = parse_rate(args.bandwidth)
     missing = missing_privileges()
     on_lab = not args.local and not missing
-    base_cfg = TrainConfig(**SCENARIO, method="allreduce", steps=args.steps)
+    base_cfg = TrainConfig(**SCENARIO, method=DDP_LION, steps=args.steps)
     params = count_params(build(base_cfg)[0])
     say(f"lioncub demo: {base_cfg.model} ({params / 1e6:.2f}M parameters) on Python's docs, {args.ranks} ranks, "
         f"{format_rate(rate)} links, batch {base_cfg.batch_size} x {base_cfg.block_size} tokens per rank")
@@ -57,21 +61,22 @@ def run(args) -> int:
     compute = measure_compute(base_cfg, args.ranks)
     say(f"   {format_time(compute)} per step")
 
-    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links)")
+    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; every method overlaps backward)")
     profile = default_lab_profile()
     cluster = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0)
-    base = simulate_step(cluster, "allreduce", params, None, 25.0, compute, backend=profile, overlap=False)
-    say(f"   {'method':16s} {'step':>10s} {'comm':>10s} {'speedup':>8s} {'sent/step':>10s}")
-    for method in METHODS:
-        r = base if method == "allreduce" else simulate_step(cluster, method, params, None, 25.0, compute,
-                                                             backend=profile, overlap=False)
-        say(f"   {method:16s} {format_time(r.step_seconds):>10s} {format_time(r.communication_seconds):>10s} "
+    base = simulate_step(cluster, "allreduce", params, None, DDP_BUCKET_MB, compute, backend=profile)
+    bucket_mb = auto_bucket_mb(4 * params)
+    say(f"   {'method':16s} {'step':>10s} {'exposed':>10s} {'speedup':>8s} {'sent/step':>10s}")
+    for method in (DDP_LION,) + METHODS:
+        r = base if method == DDP_LION else simulate_step(cluster, method, params, None, bucket_mb, compute,
+                                                          backend=profile)
+        say(f"   {method:16s} {format_time(r.step_seconds):>10s} {format_time(r.exposed_communication_seconds):>10s} "
             f"{base.step_seconds / r.step_seconds:7.2f}x {r.bytes_sent_per_rank / 1e6:8.3f} MB")
-    say(f"   the baseline spends {r_frac(base):.0%} of its step communicating")
+    say(f"   {DDP_LION} spends {r_frac(base):.0%} of its step waiting for communication")
 
     say("\n3. autotune (methods, buckets, momentum sync; within the default convergence-risk bound)")
     result = search(cluster, params, compute, backend=profile, steps=max(200, args.steps), max_risk=0.45,
-                    overlap=False)
+                    bucket_mbs=sorted({bucket_mb, 4.0, 25.0}))
     best, verdict = recommend(result)
     say(f"   {verdict}")
     chosen = TrainConfig(**SCENARIO, method=best.method, steps=args.steps, levels=best.levels,
@@ -82,7 +87,9 @@ def run(args) -> int:
     if not on_lab:
         say(f"   (not on the lab: {missing or '--local given'}; loopback is not a {format_rate(rate)} link, so "
             "the measured step times show the codec and compute, not the network; run as root for the lab)")
-    runs = _train([base_cfg, chosen] if chosen.method != "allreduce" else [base_cfg], args, rate, on_lab)
+    lioncub_allreduce = dataclasses.replace(base_cfg, method="allreduce")
+    cfgs = [base_cfg, lioncub_allreduce] + ([chosen] if chosen.method != "allreduce" else [])
+    runs = _train(cfgs, args, rate, on_lab, compute)
     say()
     say(table(runs, on_lab))
     if args.json:
@@ -94,7 +101,7 @@ def r_frac(r) -> float:
     return r.exposed_communication_seconds / r.step_seconds
 
 
-def _train(cfgs, args, rate, on_lab) -> list[dict]:
+def _train(cfgs, args, rate, on_lab, compute) -> list[dict]:
     from lioncub.train.loop import train_local
 
     out = []
@@ -104,7 +111,7 @@ def _train(cfgs, args, rate, on_lab) -> list[dict]:
 
         with Lab(ranks=args.ranks, bandwidth=rate) as lab:
             for cfg in cfgs:
-                s = train_on_lab(cfg, args.ranks, rate, progress=sys.stderr.isatty(), lab=lab)
+                s = train_on_lab(cfg, args.ranks, rate, progress=sys.stderr.isatty(), lab=lab, compute_seconds=compute)
                 out.append(_row(cfg, s))
                 say(f"   {_label(cfg):34s} step {1e3 * s['mean_step_seconds']:8.1f} ms (predicted "
                     f"{1e3 * s['predicted_step_seconds']:.1f})  eval loss {s['final_loss']:.4f}")

@@ -1,8 +1,9 @@
-"""LionCub: Lion whose data-parallel ranks agree on a compressed update inside `step()`.
+"""LionCub: Lion whose data-parallel ranks agree on a compressed update.
 
 Do not wrap the model in DDP: the optimizer does all communication itself, for every method including
 the `allreduce` baseline, so switching methods changes one argument. Call `broadcast_parameters(model)`
-once so every rank starts from the same weights.
+once so every rank starts from the same weights. By default each bucket's exchange runs during backward,
+as soon as its gradients are final (lioncub.overlap); `step()` applies the agreed update.
 
 Parameters, gradients and momenta live in flat per-dtype buffers; each parameter's `.data` and `.grad`
 are views into them (as DDP does with gradient_as_bucket_view), so the codec kernels run once per bucket
@@ -12,14 +13,18 @@ keeps the views (a `.grad` that was set to None or replaced still works, at the 
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import math
+import numbers
 import time
 from dataclasses import asdict, dataclass
 
 import torch
 
-from lioncub import kernels, schedules, wire
-from lioncub.transport import BucketWire, agree_count, allreduce_mean_, group_rank_size, traffic
+from lioncub import agreement, kernels, methods, schedules, wire
+from lioncub.overlap import Overlap
+from lioncub.transport import agree_control, allreduce_mean_, group_rank_size
 
 log = logging.getLogger("lioncub")
 BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
@@ -31,6 +36,7 @@ class CommStats:
 
     steps: int = 0
     skipped_steps: int = 0
+    overlapped_steps: int = 0  # steps whose exchange ran during backward
     momentum_syncs: int = 0
     last_bytes_sent: int = 0
     last_bytes_recv: int = 0
@@ -39,6 +45,11 @@ class CommStats:
     last_comm_s: float = 0.0
     last_apply_s: float = 0.0
     last_sync_s: float = 0.0
+    last_exposed_comm_s: float = 0.0
+    last_backward_wait_s: float = 0.0  # the part of last_exposed_comm_s that backward waited for
+    # how much the ranks agreed on the last compressed step, in [0, 1], read off the agreed code (identical
+    # on every rank; lioncub.agreement); None for the dense method, one rank or an odd N's 1-bit votes
+    last_agreement: float | None = None
     total_bytes_sent: int = 0
     total_bytes_recv: int = 0
     total_collectives: int = 0
@@ -46,10 +57,16 @@ class CommStats:
     total_comm_s: float = 0.0
     total_apply_s: float = 0.0
     total_sync_s: float = 0.0
+    total_exposed_comm_s: float = 0.0
 
-    def record(self, sent, recv, collectives, quantize, comm, apply, sync):
+    def record(self, sent, recv, collectives, quantize, comm, apply, sync, exposed=None):
+        """`exposed`: the communication time the training loop waited for (default: all of comm and sync;
+        with overlap, what backward and step() waited beyond the compute)."""
+        exposed = comm + sync if exposed is None else exposed
         self.last_bytes_sent, self.last_bytes_recv, self.last_collectives = sent, recv, collectives
         self.last_quantize_s, self.last_comm_s, self.last_apply_s, self.last_sync_s = quantize, comm, apply, sync
+        self.last_exposed_comm_s = exposed
+        self.total_exposed_comm_s += exposed
         self.total_bytes_sent += sent
         self.total_bytes_recv += recv
         self.total_collectives += collectives
@@ -63,14 +80,15 @@ class CommStats:
 
 
 class Bucket:
-    """A contiguous run of whole parameters of one param group, dtype and device."""
+    """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
+    gradients come in backward (0: first), relative to its group."""
 
-    def __init__(self, group_index, params, p, g, m, offsets):
-        self.group_index, self.params = group_index, params
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0):
+        self.group_index, self.params, self.order = group_index, params, order
         self.p, self.g, self.m = p, g, m  # flat views
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
-        self.wire: BucketWire | None = None
+        self.exchange = None  # built on first use by the method
 
 
 class _Timer:
@@ -91,16 +109,15 @@ def _wire_dtype(value) -> torch.dtype:
     return value
 
 
-def _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype):
-    wire.check_method(method)
+def _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype):
     if not lr >= 0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas}; Lion's defaults are (0.9, 0.99)")
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
-    if not bucket_mb > 0:
-        raise ValueError(f"bucket_mb must be > 0, got {bucket_mb}")
+    if bucket_mb is not None and not bucket_mb > 0:
+        raise ValueError(f"bucket_mb must be > 0 (or None for lioncub.wire.auto_bucket_mb), got {bucket_mb}")
     if grad_wire_dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"grad_wire_dtype must be torch.float32 or torch.bfloat16, got {grad_wire_dtype}")
 
@@ -111,57 +128,71 @@ class LionCub(torch.optim.Optimizer):
     Args:
         params: parameters or param groups (lr, betas, weight_decay may differ per group).
         lr, betas, weight_decay: as in Lion; the update is p <- p*(1 - lr*wd) - lr*U.
-        method: "allreduce" (average gradients, plain Lion: the baseline), "vote-allgather",
-            "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
+        method: a name from lioncub.methods.NAMES: "allreduce" (average gradients, plain Lion: the
+            baseline), "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
         levels: L1 levels s for "l1-pbit" (default max(1, 127 // world_size)).
         momentum_sync: None, an int K (average momenta every K steps) or a schedule
             (lioncub.EveryK, FirstSteps, Geometric).
         process_group: the data-parallel group (default: the world, or none if not initialised).
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of
-            collectives per bucket.
+            collectives per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.wire.auto_bucket_mb).
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).
+        overlap: run each bucket's exchange during backward, as soon as its gradients are final (default);
+            False communicates inside step(). The results are bit-identical either way.
         timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
+        dense_warmup: run the first K steps with the `allreduce` method (averaged gradients, one momentum
+            on every rank), then `method`; the step count is in state_dict, so a resume switches on time.
+
+    Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step
+    to clip, and use `lioncub.amp.GradScaler` for fp16 loss scaling: both agree across ranks.
     """
 
+    # torch.amp.GradScaler then calls step() on every rank, which refuses it (see step): its per-rank
+    # inf/NaN check would make ranks disagree; lioncub.amp.GradScaler agrees it
+    _step_supports_amp_scaling = True
+
     def __init__(self, params, lr: float = 1e-4, betas=(0.9, 0.99), weight_decay: float = 0.0,
-                 method: str = "l1-pbit", levels: int | None = None, momentum_sync=None,
-                 process_group=None, bucket_mb: float = 25, grad_wire_dtype=torch.float32,
-                 skip_nonfinite: bool = True, timing: bool = False):
+                 method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
+                 process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
+                 skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False,
+                 dense_warmup: int = 0):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
-        _validate(lr, betas, weight_decay, method, bucket_mb, grad_wire_dtype)
+        self.spec = methods.get(method)
+        _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
+        if isinstance(dense_warmup, bool) or not isinstance(dense_warmup, numbers.Integral) or dense_warmup < 0:
+            raise ValueError(f"dense_warmup must be an int >= 0 (steps), got {dense_warmup!r}")
+        self.dense_warmup = int(dense_warmup)
+        self._dense_spec = methods.get("allreduce")
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
-        self.method, self.process_group = method, process_group
+        self.method, self.process_group = self.spec.name, process_group
         self.rank, self.world_size = group_rank_size(process_group)
-        self.levels = self._resolve_levels(levels)
+        self._levels_arg = levels
+        self.levels = self.spec.resolve_levels(self.world_size, levels)
         self.schedule = schedules.resolve(momentum_sync)
-        if method == "allreduce" and momentum_sync is not None:
-            log.warning("LionCub: momentum_sync has no effect with method='allreduce' (momenta are global)")
-        self.bucket_bytes = int(bucket_mb * 2**20)
+        if self.spec.dense and momentum_sync is not None:
+            log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", self.method)
+        if bucket_mb is None:
+            bucket_mb = wire.auto_bucket_mb(sum(p.numel() * p.element_size() for g in self.param_groups
+                                                for p in g["params"] if p.requires_grad))
+        self.bucket_mb, self.bucket_bytes = bucket_mb, int(bucket_mb * 2**20)
         self.grad_wire_dtype, self.skip_nonfinite, self.timing = grad_wire_dtype, skip_nonfinite, timing
         self.stats = CommStats()
         self._step = 0
         self._momenta_identical = True
+        self._warned_regrad = False
+        self._private_grads = False  # set by lioncub.ddp.attach_ddp: DDP owns .grad, the buckets hold copies
+        self._averaged = None  # dense: gradients averaged before step() (by clip_grad_norm_ or the scaler)
+        self._wants_sumsq = False  # clip_grad_norm_ was called: backward passes sum the squared gradients
+        self._grad_scaler = None  # weakref to the lioncub.amp.GradScaler whose scale backward divides out
+        self._amp_scratch: dict = {}
+        self._warned_amp = False
         self._buckets = self._build_buckets()
+        self._overlap_wanted = overlap
+        self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
     # --- construction ---------------------------------------------------------------------------------
-
-    def _resolve_levels(self, levels):
-        if self.method != "l1-pbit":
-            if levels is not None:
-                raise ValueError(f"levels applies only to method='l1-pbit', not {self.method!r}")
-            return 0
-        s = wire.default_levels(self.world_size) if levels is None else levels
-        if isinstance(s, bool) or not isinstance(s, int) or s < 1:
-            raise ValueError(f"levels must be a positive integer, got {levels!r}")
-        try:
-            wire.field_layout("l1-pbit", self.world_size, s)
-        except ValueError as exc:
-            top = (2 ** wire.MAX_FIELD_WIDTH - 1) // (2 * self.world_size)
-            raise ValueError(f"levels={s} cannot fit for {self.world_size} ranks ({exc}); use levels <= {top}, "
-                             f"or leave levels=None for {wire.default_levels(self.world_size)}") from None
-        return s
 
     @torch.no_grad()
     def _build_buckets(self) -> list[Bucket]:
@@ -175,7 +206,8 @@ class LionCub(torch.optim.Optimizer):
             for (device, dtype), params in by_kind.items():
                 if dtype not in (torch.float32, torch.bfloat16, torch.float16):
                     raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
-                buckets += self._flatten(gi, params, dtype, device)
+                buckets += self._flatten(gi, params[::-1], dtype, device)  # backward's order, as DDP
+        buckets.sort(key=lambda b: b.order)  # stable: groups interleave by where their gradients come
         return buckets
 
     def _flatten(self, group_index, params, dtype, device) -> list[Bucket]:
@@ -191,15 +223,16 @@ class LionCub(torch.optim.Optimizer):
                 current, size = [], 0
         if current:
             groups.append(current)
-        starts, total = [], 0
+        starts, total, first = [], 0, [0]
         for members in groups:
+            first.append(first[-1] + len(members))
             starts.append(total)
             total += -(-sum(p.numel() for p in members) // align) * align
         P = torch.zeros(total, dtype=dtype, device=device)
         G = torch.zeros(total, dtype=dtype, device=device)
         M = torch.zeros(total, dtype=dtype, device=device)
         buckets = []
-        for start, members in zip(starts, groups):
+        for start, members, before in zip(starts, groups, first):
             bounds = [0]
             for p in members:
                 lo, n = start + bounds[-1], p.numel()
@@ -211,14 +244,21 @@ class LionCub(torch.optim.Optimizer):
                 self.state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
                 bounds.append(bounds[-1] + n)
             end = start + bounds[-1]
-            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds))
+            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds,
+                                  before / len(params)))
         return buckets
 
     # --- gradients ------------------------------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the flat gradient buffers, keeping each .grad a view into them (set_to_none is ignored:
-        a None gradient would cost a copy on the next step and counts as zero anyway)."""
+        a None gradient would cost a copy on the next step and counts as zero anyway). Under DDP
+        (lioncub.attach_ddp) .grad belongs to DDP and is zeroed or set to None as torch does."""
+        if self._private_grads:
+            super().zero_grad(set_to_none)
+            for b in self._buckets:
+                b.g.zero_()
+            return
         for b in self._buckets:
             b.g.zero_()
             offset = 0
@@ -229,51 +269,223 @@ class LionCub(torch.optim.Optimizer):
                 offset += n
 
     @torch.no_grad()
-    def _collect_grads(self) -> None:
-        """Bring every gradient into its bucket view: None counts as zero, a replaced tensor is copied."""
+    def _adopt_moved_params(self) -> None:
+        """Frameworks sometimes replace a parameter's .data after the optimizer was built (accelerate's
+        model.to("cpu:0") copies): bring the values back into the bucket and make .data its view again, so
+        the update lands in the model."""
         for b in self._buckets:
             for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
-                view = b.g[start:end]
-                grad = p.grad
-                if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
+                view = b.p[start:end]
+                if p.data_ptr() == view.data_ptr():
                     continue
-                if grad is None:
-                    view.zero_()
-                else:
-                    if grad.is_sparse:
-                        raise ValueError("LionCub does not support sparse gradients")
-                    view.copy_(grad.reshape(-1))
-                p.grad = view.view_as(p)
+                if p.device != view.device or p.dtype != view.dtype:
+                    raise ValueError(f"a parameter moved to {p.device}/{p.dtype} after LionCub was built on "
+                                     f"{view.device}/{view.dtype}: build the optimizer after model.to(...)")
+                view.copy_(p.data.reshape(-1))
+                p.data = view.view_as(p)
+
+    def _collect_grads(self) -> None:
+        for b in self._buckets:
+            self._collect_bucket(b)
+
+    @torch.no_grad()
+    def _collect_bucket(self, b: Bucket) -> None:
+        """Bring every gradient of b into its bucket view: None counts as zero, a replaced tensor is copied."""
+        if self._private_grads:
+            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+                self._copy_grad(p, b.g[start:end])
+            return
+        for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
+            view = b.g[start:end]
+            grad = p.grad
+            if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
+                continue
+            if grad is None:
+                view.zero_()
+            else:
+                if grad.is_sparse:
+                    raise ValueError("LionCub does not support sparse gradients")
+                view.copy_(grad.reshape(-1))
+            p.grad = view.view_as(p)
 
     # --- the step -------------------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Accumulate gradients without communicating, as DDP's `no_sync()`: a backward inside the block
+        starts no exchange; the first backward after it does (with the accumulated gradients)."""
+        if self._overlap is None:
+            yield
+            return
+        enabled, self._overlap.enabled = self._overlap.enabled, False
+        try:
+            yield
+        finally:
+            self._overlap.enabled = enabled
+
     @torch.no_grad()
     def step(self, closure=None):
+        if getattr(self, "found_inf", None) is not None or getattr(self, "grad_scale", None) is not None:
+            raise RuntimeError(
+                "LionCub: torch.amp.GradScaler checks each rank's gradients for inf/NaN alone, so one rank would "
+                "skip a step that the others take. Use lioncub.amp.GradScaler (the same arguments): every rank "
+                "agrees whether to skip, and the scales stay identical.")
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self._step += 1
         self.stats.steps += 1
-        self._collect_grads()
+        self._adopt_moved_params()
+        dense = self._spec_at(self._step).dense
+        done = self._overlapped_pass()
+        self.stats.overlapped_steps += done is not None
+        self.stats.last_backward_wait_s = 0.0 if done is None else done["exposed_s"]
+        if done is None and dense:
+            done = self._take_averaged()
+        if done is None or (dense and not self._private_grads):
+            self._collect_grads()
         clock = _Timer(self.timing and any(b.p.is_cuda for b in self._buckets))
-        if self.method == "allreduce":
-            self._step_allreduce(clock)
+        if dense:
+            self._step_dense(clock, done)
         elif self.world_size == 1:
             self._step_local(clock)
+        elif done is not None:
+            self._step_overlapped(clock, done)
         else:
             self._step_compressed(clock)
         return loss
+
+    def _overlapped_pass(self) -> dict | None:
+        """What this step's backward exchanged, if it is still what step() must apply."""
+        if self._overlap is None or self._overlap.results is None:
+            return None
+        done, self._overlap.results = self._overlap.results, None
+        if done["step"] != self._step or done.get("stale"):  # stale: clip_grad_norm_ or the scaler changed them
+            return None
+        if done.get("amp") is not None and not done.get("amp_confirmed"):
+            self._grad_scaler = None  # the scaler did not unscale this step's gradients: it is no longer in use
+            return None
+        # averaged gradients (the dense method) may be clipped or read after backward, as with DDP; a vote
+        # taken on gradients that changed since is stale and is taken again
+        if not self._spec_at(self._step).dense and not self._grads_as_exchanged(done["versions"]):
+            if not self._warned_regrad and self.rank == 0:
+                log.warning("LionCub: gradients changed after backward (clipping, unscaling, a new .grad); "
+                            "step() exchanges them again, without overlap. Use opt.clip_grad_norm_ and "
+                            "lioncub.amp.GradScaler, which keep the overlap where they can.")
+            self._warned_regrad = True
+            return None
+        return done
+
+    def _pending_pass(self, amp_unconfirmed_ok: bool = False) -> dict | None:
+        """The backward pass of the coming step, if step() would apply it as it stands (read-only; a pass
+        that divided out a loss scale counts once the scaler has unscaled .grad alike)."""
+        done = None if self._overlap is None else self._overlap.results
+        if done is None or done["step"] != self._step + 1 or done.get("stale"):
+            return None
+        if done.get("amp") is not None and not (done.get("amp_confirmed") or amp_unconfirmed_ok):
+            return None
+        if not self._spec_at(done["step"]).dense and not self._grads_as_exchanged(done["versions"]):
+            return None
+        return done
+
+    def _spec_at(self, step: int):
+        """The method of step `step` (1-based): the dense baseline during the warm-up, then the chosen one."""
+        return self._dense_spec if step <= self.dense_warmup else self.spec
+
+    def _versions(self) -> list[int]:
+        return [b.g._version for b in self._buckets]
+
+    @torch.no_grad()
+    def _average_now(self) -> None:
+        """A dense step without overlap: average the gradients before step() (clip_grad_norm_ and the scaler
+        need the mean); step() then applies them as they are. A no-op if they already are."""
+        if self._averaged_ok(self._step + 1):
+            return
+        self._collect_grads()
+        t0 = time.perf_counter()
+        collectives = []
+        for b in self._buckets:
+            x = self._exchange(b, self._dense_spec)
+            x()
+            collectives += x.collectives
+        dt = time.perf_counter() - t0
+        self._averaged = dict(step=self._step + 1, versions=self._versions(), collectives=collectives,
+                              comm_s=dt, exposed_s=dt)
+
+    def _averaged_ok(self, step: int) -> bool:
+        """Whether the gradients are still those _average_now averaged for `step`."""
+        a = self._averaged
+        return a is not None and a["step"] == step and a["versions"] == self._versions()
+
+    def _take_averaged(self) -> dict | None:
+        done = self._averaged if self._averaged_ok(self._step) else None
+        self._averaged = None
+        return done
+
+    def _use_process_group(self, group) -> None:
+        """Communicate on `group` from now on: lioncub.ddp gives LionCub a group of its own, and a LionCub
+        built before the framework initialised torch.distributed learns its world size here (before its
+        first step)."""
+        rank, world = group_rank_size(group)
+        if world != self.world_size:
+            if self._step:
+                raise ValueError(f"the optimizer has taken {self._step} steps on {self.world_size} rank(s) and "
+                                 f"cannot move to a process group of {world}")
+            self.levels = self.spec.resolve_levels(world, self._levels_arg)
+            self.world_size = world
+            if self._overlap is None and self._overlap_wanted and world > 1 and self._buckets:
+                self._overlap = Overlap(self)
+        self.process_group, self.rank = group, rank
+        for b in self._buckets:
+            b.exchange = None
+
+    @staticmethod
+    def _copy_grad(p, view) -> None:
+        if p.grad is None:
+            view.zero_()
+        else:
+            view.copy_(p.grad.reshape(-1))
+
+    @torch.no_grad()
+    def _capture_grad(self, p, k: int, i: int) -> None:
+        """Under DDP: copy the final gradient of parameter i of bucket k into the bucket (called by the
+        overlap hook, before DDP's own hook can touch .grad)."""
+        if self._private_grads:
+            b = self._buckets[k]
+            self._copy_grad(p, b.g[b.offsets[i] : b.offsets[i + 1]])
+
+    def _grads_as_exchanged(self, versions) -> bool:
+        if self._private_grads:  # the buckets hold copies that only the overlap hooks write
+            return True
+        for b, version in zip(self._buckets, versions):
+            if b.g._version != version:
+                return False
+            for p, start in zip(b.params, b.offsets):
+                if p.grad is None or p.grad.data_ptr() != b.g[start:].data_ptr():
+                    return False
+        return True
 
     def _hyper(self, b: Bucket) -> dict:
         group = self.param_groups[b.group_index]
         beta1, beta2 = group["betas"]
         return dict(lr=group["lr"], wd=group["weight_decay"], beta1=beta1, beta2=beta2)
 
-    def _skip(self, why: str, collectives=(), comm_s: float = 0.0) -> None:
+    def _exchange(self, b: Bucket, spec=None):
+        """Bucket b's exchange for `spec` (default: the chosen method; the warm-up's dense one is kept apart)."""
+        spec = spec or self.spec
+        attr = "exchange" if spec is self.spec else "warmup_exchange"
+        x = getattr(b, attr, None)
+        if x is None or x.group is not self.process_group:
+            x = spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels if spec is self.spec else 0,
+                              grad_wire_dtype=str(self.grad_wire_dtype).removeprefix("torch."), grads=b.g)
+            setattr(b, attr, x)
+        return x
+
+    def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed: float | None = None) -> None:
         self.stats.skipped_steps += 1
-        sent, recv = traffic(list(collectives), self.world_size)
-        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0)
+        sent, recv = wire.traffic(list(collectives), self.world_size)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0, exposed)
         if self.rank == 0:
             log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
                         self._step, why, self.stats.skipped_steps)
@@ -286,74 +498,239 @@ class LionCub(torch.optim.Optimizer):
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         self.stats.record(0, 0, 0, 0.0, 0.0, clock() - t0, 0.0)
 
-    def _step_allreduce(self, clock) -> None:
+    def _step_dense(self, clock, done=None) -> None:
         t0 = clock()
-        collectives = []
-        for b in self._buckets:
-            if self.world_size > 1:
-                allreduce_mean_(b.g, self.process_group, self.grad_wire_dtype)
-                if b.wire is None:
-                    b.wire = BucketWire("allreduce", b.n, b.g.device, self.process_group,
-                                        grad_wire_dtype=self.grad_wire_dtype)
-                collectives += b.wire.collectives
+        if done is not None:  # backward averaged the gradients
+            collectives, comm, exposed = done["collectives"], done["comm_s"], done["exposed_s"]
+        else:
+            collectives = []
+            for b in self._buckets:
+                if self.world_size > 1:
+                    x = self._exchange(b, self._dense_spec)
+                    x()
+                    collectives += x.collectives
+            comm = exposed = clock() - t0
         t1 = clock()
         # the reduced gradients are identical on all ranks, so this check agrees without a message
         if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
-            return self._skip("non-finite gradient", collectives, t1 - t0)
+            return self._skip("non-finite gradient", collectives, comm, exposed)
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
+        self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
-        sent, recv = traffic(collectives, self.world_size)
-        self.stats.record(sent, recv, len(collectives), 0.0, t1 - t0, t2 - t1, 0.0)
+        sent, recv = wire.traffic(collectives, self.world_size)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
 
     def _step_compressed(self, clock) -> None:
-        method, N = self.method, self.world_size
+        """Communicate inside step(): agree on the non-finite flag first, then per bucket quantize (with
+        the momentum update fused), exchange and apply."""
+        codec, N = self.spec.codec, self.world_size
         t_quant = t_comm = t_apply = 0.0
         t0 = clock()
         mults, nonfinite = [], 0
         for b in self._buckets:
             h = self._hyper(b)
-            finite, mult = kernels.prepass(method, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
+            finite, mult = kernels.prepass(codec, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
                                            levels=self.levels)
             nonfinite += not finite
             mults.append(mult)
         t1 = clock()
         t_quant += t1 - t0
         collectives = [wire.CONTROL]
-        bad = agree_count(int(nonfinite) if self.skip_nonfinite else 0, self.process_group,
-                          self._buckets[0].g.device if self._buckets else "cpu")
+        bad, _ = agree_control(int(nonfinite), None, self.process_group,
+                               self._buckets[0].g.device if self._buckets else "cpu")
+        bad = bad if self.skip_nonfinite else 0
         t2 = clock()
         t_comm += t2 - t1
         if bad:
             return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, t2 - t1)
         zero_parity = (self.rank + self._step) % 2
+        codes = []
         for b, mult in zip(self._buckets, mults):
             h = self._hyper(b)
-            if b.wire is None:
-                b.wire = BucketWire(method, b.n, b.g.device, self.process_group, self.levels)
-            bw = b.wire
+            x = self._exchange(b)
             ta = clock()
-            kernels.quantize_pack(method, b.g, b.m, bw.code, beta1=h["beta1"], beta2=h["beta2"],
-                                  zero_parity=zero_parity, layout=bw.layout, mult=mult,
+            kernels.quantize_pack(codec, b.g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=zero_parity, layout=x.layout, mult=mult,
                                   offsets=b.offsets, levels=self.levels)
             tb = clock()
-            code = bw.exchange()
+            code = x()
+            codes.append(code)
             tc = clock()
-            kernels.unpack_apply(method, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
-                                 levels=self.levels, layout=bw.layout)
+            kernels.unpack_apply(codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
+                                 levels=self.levels, layout=x.layout)
             td = clock()
             t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
-            collectives += bw.collectives
+            collectives += x.collectives
+        self._finish_compressed(clock, collectives, t_quant, t_comm, t_apply, codes=codes)
+
+    def _step_overlapped(self, clock, done: dict) -> None:
+        """Apply what backward agreed on, with the deferred momentum update."""
+        if done["bad"]:
+            return self._skip(f"{done['bad']} rank(s) saw a non-finite gradient", done["collectives"],
+                              done["comm_s"], done["exposed_s"])
+        t0 = clock()
+        for b, code in zip(self._buckets, done["codes"]):
+            h = self._hyper(b)
+            kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
+                                 levels=self.levels, layout=b.exchange.layout, momentum=(b.g, b.m, h["beta2"]))
+        self._finish_compressed(clock, list(done["collectives"]), done["quantize_s"], done["comm_s"],
+                                clock() - t0, exposed=done["exposed_s"], codes=done["codes"])
+
+    def _finish_compressed(self, clock, collectives, t_quant, t_comm, t_apply, exposed=None, codes=()) -> None:
         self._momenta_identical = False
         t_sync = 0.0
-        if self.schedule.should_sync(self._step):
+        self.stats.last_agreement = agreement.agreement(
+            self.spec.codec, codes, [b.n for b in self._buckets], self.world_size, self.levels,
+            [b.exchange.layout for b in self._buckets])
+        if hasattr(self.schedule, "decide"):  # adaptive: a function of the agreed codes, the same on every rank
+            sent = wire.traffic(collectives, self.world_size)[0]
+            due = self.schedule.decide(self._step, self.stats.last_agreement, sent,
+                                       wire.traffic(self._sync_collectives(), self.world_size)[0])
+        else:
+            due = self.schedule.should_sync(self._step)
+        if due:
             ts = clock()
             collectives += self._sync_momentum()
             t_sync = clock() - ts
-        sent, recv = traffic(collectives, N)
-        self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync)
+        sent, recv = wire.traffic(collectives, self.world_size)
+        self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync,
+                          None if exposed is None else exposed + t_sync)
+
+    # --- overlap: the communication thread's side (lioncub.overlap) -------------------------------------
+
+    @torch.no_grad()
+    def _encode_and_exchange(self, k: int, state: dict) -> None:
+        """Bucket k during backward: prepass, quantize without touching the momentum, exchange. Under
+        lioncub.amp.GradScaler the codec reads the unscaled gradients (a scratch copy; the scaler's unscale_
+        writes the same values into .grad); after opt.clip_grad_norm_ was used, each bucket's sum of squares
+        goes into the pass's control message."""
+        b = self._buckets[k]
+        spec = self._spec_at(state["step"])
+        t0 = time.perf_counter()
+        if not (self._private_grads and state["complete"][k]):  # (under DDP the hooks copied them already)
+            self._collect_bucket(b)
+        x = self._exchange(b, spec)
+        if not spec.dense:
+            if "amp" not in state:  # the pass's first bucket
+                state["amp"] = self._amp_pass_scale()
+                state["sumsq"] = torch.zeros((), dtype=torch.float64, device=b.g.device) if self._wants_sumsq else None
+            g = b.g
+            if state["amp"] is not None:
+                g = torch.mul(b.g, state["amp"]["inv_scale"].to(b.g.device), out=self._scratch(b))
+            if state["sumsq"] is not None:
+                state["sumsq"] = state["sumsq"] + _sum_squares(g)
+            h = self._hyper(b)
+            finite, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=b.offsets,
+                                           levels=self.levels)
+            state["nonfinite"] += not finite
+            kernels.quantize_pack(spec.codec, g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=(self.rank + state["step"]) % 2, layout=x.layout, mult=mult,
+                                  offsets=b.offsets, levels=self.levels, update_momentum=False)
+        t1 = time.perf_counter()
+        state["codes"][k] = x()
+        state["quantize_s"] += t1 - t0
+        state["comm_s"] += time.perf_counter() - t1
+        state["collectives"] += x.collectives
+
+    def _agree_pass(self, state: dict) -> None:
+        """The end of a backward pass: agree on the non-finite count and the sum of squared gradients
+        (compressed methods; one message) and note the gradients' versions, so step() can tell whether they
+        changed since."""
+        if not self._spec_at(state["step"]).dense:
+            t0 = time.perf_counter()
+            sumsq = state.get("sumsq")
+            count, total = agree_control(int(state["nonfinite"]), sumsq, self.process_group,
+                                         self._buckets[0].g.device)
+            state["nonfinite_ranks"] = count
+            state["bad"] = count if self.skip_nonfinite else 0
+            state["sumsq_total"] = None if sumsq is None else total
+            state["comm_s"] += time.perf_counter() - t0
+            state["collectives"].append(wire.CONTROL)
+        state["versions"] = [b.g._version for b in self._buckets]
+
+    def _amp_pass_scale(self) -> dict | None:
+        """The loss scale of the lioncub.amp.GradScaler this optimizer steps with (None without one)."""
+        scaler = self._grad_scaler() if self._grad_scaler is not None else None
+        if scaler is None or not scaler.is_enabled() or scaler._scale is None:
+            return None
+        # the reciprocal exactly as torch's unscale_ computes it, so the values are bit for bit the same
+        return dict(generation=scaler._lioncub_generation, inv_scale=scaler._scale.double().reciprocal().float())
+
+    def _scratch(self, b: Bucket) -> torch.Tensor:
+        key = (b.g.dtype, b.g.device)
+        buf = self._amp_scratch.get(key)
+        if buf is None or buf.numel() < b.n:
+            n = max(x.n for x in self._buckets if (x.g.dtype, x.g.device) == key)
+            buf = self._amp_scratch[key] = torch.empty(n, dtype=b.g.dtype, device=b.g.device)
+        return buf[: b.n]
+
+    # --- clipping -------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
+        """Clip the gradients by one coefficient that is the same on every rank; returns the norm it used
+        (a float, the same on every rank). Call it between backward and step(), after scaler.unscale_(opt)
+        under AMP.
+
+        The norm: with the dense method (allreduce, or a dense warm-up step) that of the averaged gradient,
+        ||mean_i g_i||, as DDP + torch.nn.utils.clip_grad_norm_ give (without overlap the gradients are
+        averaged here instead of in step()). With a compressed method each rank keeps its own gradient, and
+        the norm is the root mean square of the ranks' norms, sqrt(mean_i ||g_i||^2) (>= ||mean_i g_i||; one
+        rank: torch's norm). Every rank's gradient is multiplied by min(1, max_norm / (norm + eps)); a
+        non-finite norm leaves them as they are (the step will be skipped).
+
+        Cost: with overlap the sums of squares travel in the backward pass's control message (from the
+        second call on), so there is no extra collective, and the overlapped exchange stands when the
+        coefficient is 1; when it is below 1, step() exchanges the clipped gradients again. Without overlap:
+        one 16-byte all-reduce (compressed methods)."""
+        if not max_norm > 0:
+            raise ValueError(f"max_norm must be > 0, got {max_norm}")
+        if not self._buckets:
+            return 0.0
+        self._wants_sumsq = True
+        step = self._step + 1
+        dense = self._spec_at(step).dense
+        done = self._pending_pass()
+        if done is None:
+            if dense and self.world_size > 1:
+                self._average_now()
+            else:
+                self._collect_grads()
+        if dense or self.world_size == 1:
+            norm = math.sqrt(float(_total_sum_squares(self._buckets)))
+        else:
+            total = None if done is None else done.get("sumsq_total")
+            if total is None:
+                _, total = agree_control(0, _total_sum_squares(self._buckets), self.process_group,
+                                         self._buckets[0].g.device)
+            norm = math.sqrt(total / self.world_size)
+        coef = max_norm / (norm + eps)
+        if math.isfinite(norm) and coef < 1.0:
+            self._scale_grads(coef, done, dense)
+        return norm
+
+    def _scale_grads(self, factor, done: dict | None, dense: bool) -> None:
+        """Multiply every gradient by `factor` (a float or a 0-dim tensor) after backward, on behalf of
+        clip_grad_norm_ or the scaler: a vote the pass took on them is stale (step() takes it again, without
+        the warning); gradients averaged for a dense step stay averaged."""
+        averaged = dense and self._averaged_ok(self._step + 1)
+        for b in self._buckets:
+            b.g.mul_(factor)
+        if self._private_grads:  # under DDP .grad holds the local gradient: keep it consistent
+            for b in self._buckets:
+                for p in b.params:
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+        if done is not None and not dense:
+            done["stale"] = True
+        if averaged:
+            self._averaged["versions"] = self._versions()
 
     # --- momentum -------------------------------------------------------------------------------------
+
+    def _sync_collectives(self) -> list:
+        return [c for b in self._buckets for c in wire.momentum_sync_collectives(b.n)]
 
     @torch.no_grad()
     def _sync_momentum(self) -> list:
@@ -376,9 +753,11 @@ class LionCub(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         sd = super().state_dict()
         sd["lioncub"] = dict(step=self._step, world_size=self.world_size, rank=self.rank,
-                             method=self.method, levels=self.levels,
-                             momenta_identical=self._momenta_identical or self.method == "allreduce",
+                             method=self.method, levels=self.levels, dense_warmup=self.dense_warmup,
+                             momenta_identical=self._momenta_identical or self.spec.dense,
                              stats=self.stats.as_dict())
+        if hasattr(self.schedule, "state_dict"):  # an adaptive schedule's running average and byte credit
+            sd["lioncub"]["schedule"] = self.schedule.state_dict()
         return sd
 
     @torch.no_grad()
@@ -393,6 +772,9 @@ class LionCub(torch.optim.Optimizer):
                 f"saving, or save after a step that synced momenta, so the momenta are identical.")
         if extra.get("method", self.method) != self.method:
             log.warning("LionCub: resuming a %s checkpoint with method=%s", extra["method"], self.method)
+        if extra.get("dense_warmup", self.dense_warmup) != self.dense_warmup:
+            log.warning("LionCub: the checkpoint was saved with dense_warmup=%d, this optimizer has %d (it applies: "
+                        "steps up to %d run dense)", extra["dense_warmup"], self.dense_warmup, self.dense_warmup)
         views = {p: self.state[p]["exp_avg"] for b in self._buckets for p in b.params}
         super().load_state_dict(state_dict)
         for p, view in views.items():
@@ -404,11 +786,26 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = bool(extra.get("momenta_identical", True))
         if "stats" in extra:
             self.stats = CommStats(**extra["stats"])
+        if "schedule" in extra and hasattr(self.schedule, "load_state_dict"):
+            self.schedule.load_state_dict(extra["schedule"])
 
     def __repr__(self) -> str:
         n = sum(b.n for b in self._buckets)
         return (f"LionCub(method={self.method!r}, world_size={self.world_size}, params={n}, "
                 f"buckets={len(self._buckets)}, levels={self.levels or None}, schedule={self.schedule})")
+
+
+def _sum_squares(g: torch.Tensor) -> torch.Tensor:
+    """A bucket's sum of squares as a 0-dim float64 tensor (its fp32 norm, squared in fp64)."""
+    return torch.linalg.vector_norm(g, dtype=torch.float32).double().square()
+
+
+def _total_sum_squares(buckets) -> torch.Tensor:
+    """The sum over buckets, in bucket order: the same arithmetic as a backward pass's running sum."""
+    total = torch.zeros((), dtype=torch.float64, device=buckets[0].g.device if buckets else "cpu")
+    for b in buckets:
+        total = total + _sum_squares(b.g).to(total.device)
+    return total
 
 
 def lion_step(p, g, m, *, lr: float, wd: float = 0.0, beta1: float = 0.9, beta2: float = 0.99) -> None:

@@ -1,7 +1,8 @@
 """When to average the ranks' momenta (selective momentum synchronization).
 
 A schedule answers `should_sync(step)` for step = 1, 2, ... It is a pure function of the step, so every
-rank decides the same way without talking.
+rank decides the same way without talking. `Adaptive` decides from the ranks' agreement, a function of the
+agreed code that is identical on every rank (lioncub.agreement), so it too decides alike without talking.
 """
 
 from __future__ import annotations
@@ -79,6 +80,68 @@ class Geometric:
         return sum(self.should_sync(s) for s in range(1, steps + 1)) / steps
 
 
+ADAPTIVE_THRESHOLD = 0.5  # agreement (lioncub.agreement) below which Adaptive syncs; from the convergence map
+ADAPTIVE_BUDGET = 1.0  # momentum-sync bytes at most this many times the method's own bytes (total <= 2x)
+
+
+class Adaptive:
+    """Average the momenta when the ranks agree little, within a byte budget.
+
+    Each step the optimizer calls `decide(step, agreement, step_bytes, sync_bytes)`: `agreement` is the
+    step's statistic (LionCub.stats.last_agreement, identical on every rank; None where the code carries
+    none), `step_bytes` what the method itself sent this step and `sync_bytes` what a momentum sync costs.
+    The schedule keeps an exponential average of the agreement (`smoothing`) and a credit of bytes: every
+    step adds budget x step_bytes; it syncs when the averaged agreement is below `threshold` and the credit
+    covers a sync (which spends it). So the syncs never send more than `budget` times the method's own
+    bytes (budget 1: at most 2x plain vote-1bit's bytes in all), and they go where agreement is low. Where
+    the code carries no agreement (1-bit votes of an odd number of ranks) it syncs whenever the credit
+    allows: a fixed period of about sync_bytes / (budget x step_bytes) steps. Its state (the average and the
+    credit) is in LionCub.state_dict, so a resumed run decides as the uninterrupted one."""
+
+    def __init__(self, threshold: float = ADAPTIVE_THRESHOLD, budget: float = ADAPTIVE_BUDGET,
+                 smoothing: float = 0.9):
+        if not 0.0 <= threshold <= 1.0:
+            raise ValueError(f"adaptive threshold must be in [0, 1], got {threshold!r}")
+        if not budget > 0:
+            raise ValueError(f"adaptive budget must be > 0, got {budget!r}")
+        if not 0.0 <= smoothing < 1.0:
+            raise ValueError(f"adaptive smoothing must be in [0, 1), got {smoothing!r}")
+        self.threshold, self.budget, self.smoothing = float(threshold), float(budget), float(smoothing)
+        self.credit, self.average = 0.0, None
+
+    def decide(self, step: int, agreement: float | None, step_bytes: float, sync_bytes: float) -> bool:
+        self.credit += self.budget * step_bytes
+        if agreement is not None:
+            a = float(agreement)
+            self.average = a if self.average is None else self.smoothing * self.average + (1 - self.smoothing) * a
+        low = self.average is None or self.average < self.threshold
+        if low and sync_bytes > 0 and self.credit >= sync_bytes:
+            self.credit -= sync_bytes
+            return True
+        return False
+
+    def should_sync(self, step: int) -> bool:  # the optimizer calls decide(); nothing is due by the step alone
+        return False
+
+    def rate(self, steps: int | None = None) -> float:
+        """The most syncs per step for vote-1bit (about 2.25 bits per parameter against 48 for an fp32
+        momentum all-reduce at N = 4): budget / 21."""
+        return self.budget / 21
+
+    def state_dict(self) -> dict:
+        return dict(credit=self.credit, average=self.average)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.credit, self.average = float(state["credit"]), state["average"]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Adaptive) and (self.threshold, self.budget, self.smoothing) == (
+            other.threshold, other.budget, other.smoothing)
+
+    def __repr__(self) -> str:
+        return f"Adaptive(threshold={self.threshold:g}, budget={self.budget:g})"
+
+
 class Never:
     def should_sync(self, step: int) -> bool:
         return False
@@ -110,7 +173,8 @@ def resolve(spec):
 
 def parse(spec: str):
     """Schedules as a person types them: "none", "K" or "every:K", "first:K:M" (every K steps during the
-    first M), "geometric:K" (interval doubles every K syncs)."""
+    first M), "geometric:K" (interval doubles every K syncs), "adaptive" or "adaptive:T" or "adaptive:T:B"
+    (sync when agreement is below T, within B times the method's bytes; see Adaptive)."""
     text = str(spec).strip().lower()
     if text in ("", "none", "never", "off"):
         return None
@@ -125,9 +189,12 @@ def parse(spec: str):
             return FirstSteps(*args)
         if kind == "geometric":
             return Geometric(*args)
+        if kind == "adaptive":
+            return Adaptive(*[float(a) for a in args])
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad momentum-sync schedule {spec!r}: {exc}") from None
-    raise ValueError(f"bad momentum-sync schedule {spec!r}: use none, K, every:K, first:K:M or geometric:K")
+    raise ValueError(f"bad momentum-sync schedule {spec!r}: use none, K, every:K, first:K:M, geometric:K or "
+                     "adaptive[:T[:B]]")
 
 
 def describe(schedule) -> str:
@@ -140,4 +207,8 @@ def describe(schedule) -> str:
         return f"first:{schedule.k}:{schedule.until}"
     if isinstance(schedule, Geometric):
         return f"geometric:{schedule.k:g}"
+    if isinstance(schedule, Adaptive):
+        if (schedule.threshold, schedule.budget) == (ADAPTIVE_THRESHOLD, ADAPTIVE_BUDGET):
+            return "adaptive"
+        return f"adaptive:{schedule.threshold:g}:{schedule.budget:g}"
     return repr(schedule)

@@ -1,4 +1,5 @@
-"""What each communication method puts on the wire (pure Python: shared by the optimizer and the simulator).
+"""Wire formats and their arithmetic: p-bit fields, codecs, collectives, bytes (pure Python, no torch: shared by
+lioncub.methods, the optimizer and the simulator).
 
 p-bit field packing
 -------------------
@@ -25,25 +26,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-METHODS = ("allreduce", "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit")
-PBIT_METHODS = ("vote-pbit", "avg-pbit", "l1-pbit")
-ONEBIT_METHODS = ("vote-allgather", "vote-1bit")
 MAX_FIELD_WIDTH = 32
+DTYPE_BYTES = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2, "int64": 8, "int32": 4, "uint8": 1}
 
 WORD_ALIGN = 16
 # (word bits, usable bits, dtype name); the dtypes are native SUM types in both NCCL and Gloo.
 WORD_TYPES = ((8, 8, "uint8"), (32, 31, "int32"), (64, 63, "int64"))
-
-
-def check_method(method: str) -> str:
-    if method not in METHODS:
-        raise ValueError(f"unknown method {method!r}; choose one of: {', '.join(METHODS)}")
-    return method
-
-
-def default_levels(world_size: int) -> int:
-    """Lion Cub's default number of L1 levels: the int8-safe s = floor(127/N), at least 1."""
-    return max(1, 127 // max(1, world_size))
 
 
 @dataclass(frozen=True)
@@ -91,37 +79,36 @@ def field_layout_for(max_value: int, world_size: int) -> FieldLayout:
     return best
 
 
-def field_layout(method: str, world_size: int, levels: int | None = None) -> FieldLayout:
-    """The packing used by a p-bit method at this world size."""
-    check_method(method)
-    if method in ("vote-pbit", "avg-pbit"):
-        return field_layout_for(2, world_size)
-    if method == "l1-pbit":
-        s = default_levels(world_size) if levels is None else levels
-        if not isinstance(s, int) or s < 1:
-            raise ValueError(f"levels must be a positive integer, got {levels!r}")
-        return field_layout_for(2 * s, world_size)
-    raise ValueError(f"method {method!r} does not use p-bit fields")
-
-
-def onebit_chunk_bytes(n: int, world_size: int) -> int:
-    """Bytes of one rank's chunk of a 1-bit vector padded to a multiple of 8*N elements."""
-    return -(-n // (8 * world_size))
-
-
 def result_planes(world_size: int) -> int:
     """Bit planes the 1-bit allreduce all-gathers: the majority sign, plus a 'not a tie' plane when N is
     even (a sum of an odd number of +-1 votes is never zero)."""
     return 2 if world_size % 2 == 0 else 1
 
 
-# Composite ops (`lioncub simulate collective --op vote-1bit`, `lioncub lab bench --op vote-1bit`) take a
-# SIZE that is the bytes of the fp32 bucket they synchronize: n = SIZE // 4 parameters.
-COMPOSITE_OPS = METHODS + ("momentum-sync",)
+@dataclass(frozen=True)
+class Codec:
+    """What the codec kernels do for a compressed method (lioncub.kernels implements each variant).
+
+    kind "signs": c -> one packed bit per element (the 1-bit methods), decoded as a majority sign.
+    kind "fields": c -> a p-bit field value per element, summed by an integer all-reduce; `values` is
+    "vote" (sign(c) + 1, in {0, 1, 2}) or "l1" (L1 level q + s, in [0, 2s]); `decode` turns the sum f of
+    N values into U: "sign" (sign(f - N*offset)) or "mean" ((f - N) / N).
+    """
+
+    kind: str
+    values: str = ""
+    decode: str = ""
+
+    @property
+    def l1(self) -> bool:
+        return self.values == "l1"
+
+    def offset(self, world_size: int, levels: int) -> int:
+        """The summed field value that means U = 0."""
+        return world_size * (levels if self.l1 else 1)
 
 
-def composite_elements(nbytes: int) -> int:
-    return max(1, nbytes // 4)
+SIGNS = Codec("signs")
 
 
 @dataclass(frozen=True)
@@ -134,47 +121,37 @@ class Collective:
     dtype: str
 
 
-def vote_collectives(
-    method: str, n: int, world_size: int, levels: int | None = None, grad_dtype: str = "float32"
-) -> list[Collective]:
-    """The collectives one bucket of `n` elements costs per step (excluding the step's control message)."""
-    check_method(method)
-    N = world_size
-    if N == 1:
-        return []
-    if method == "allreduce":
-        size = {"float32": 4, "bfloat16": 2, "float16": 2}[grad_dtype]
-        return [Collective("allreduce", size * n, grad_dtype)]
-    if method == "vote-allgather":
-        return [Collective("allgather", N * -(-n // 8), "uint8")]
-    if method == "vote-1bit":
-        chunk = onebit_chunk_bytes(n, N)
-        return [
-            Collective("alltoall", N * chunk, "uint8"),
-            Collective("allgather", N * chunk * result_planes(N), "uint8"),
-        ]
-    lay = field_layout(method, N, levels)
-    return [Collective("allreduce", lay.nbytes(n), lay.dtype)]
-
-
-# Each compressed step first agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient.
-CONTROL = Collective("allreduce", 4, "int32")
+# Each compressed step agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient, and the
+# sum of the ranks' squared gradient norms (for LionCub.clip_grad_norm_): [count, sum] in float64.
+CONTROL = Collective("allreduce", 16, "float64")
 
 
 def momentum_sync_collectives(n: int) -> list[Collective]:
     return [Collective("allreduce", 4 * n, "float32")]
 
 
-def wire_bits_per_element(method: str, world_size: int, levels: int | None = None) -> float:
-    """Bits each rank sends per parameter per step with bandwidth-optimal collectives (large n)."""
-    N = world_size
-    if N == 1:
-        return 0.0
-    f = (N - 1) / N
-    if method == "allreduce":
-        return 2 * f * 32
-    if method == "vote-allgather":
-        return f * N
-    if method == "vote-1bit":
-        return f * (1 + result_planes(N))
-    return 2 * f * field_layout(method, N, levels).bits_per_element
+def auto_bucket_mb(total_bytes: float) -> float:
+    """LionCub's default bucket size for parameters of `total_bytes` bytes: about 8 buckets, so that the
+    exchange of the first ones overlaps the rest of backward, each between 1 MiB (DDP's first bucket: fewer
+    bytes and the per-collective costs dominate) and 25 MiB (DDP's bucket_cap_mb)."""
+    return min(25.0, max(1.0, total_bytes / 8 / 2**20))
+
+
+def bus_factor(op: str, ranks: int) -> float:
+    """Bytes each rank sends per byte of the collective's SIZE with a bandwidth-optimal algorithm (the
+    nccl-tests bus-bandwidth factor): 2(p-1)/p for all-reduce, (p-1)/p for all-gather, reduce-scatter and
+    all-to-all, 1 for broadcast and reduce."""
+    p = ranks
+    if op == "allreduce":
+        return 2 * (p - 1) / p
+    if op in ("allgather", "reducescatter", "alltoall"):
+        return (p - 1) / p
+    if op in ("broadcast", "reduce"):
+        return 1.0
+    raise ValueError(f"unknown collective {op!r}")
+
+
+def traffic(collectives: list[Collective], world_size: int) -> tuple[int, int]:
+    """(bytes sent, bytes received) per rank with bandwidth-optimal algorithms."""
+    total = sum(bus_factor(c.op, world_size) * c.nbytes for c in collectives)
+    return int(total), int(total)

@@ -21,7 +21,7 @@ from .collectives import (
     simulate_transfers,
 )
 from .profiles import BUILTIN, BackendProfile, get_profile, tcp_efficiency
-from .step import StepResult, codec_bytes_per_element, simulate_step
+from .step import StepResult, simulate_step
 from .sweep import sweep
 
 __all__ = [
@@ -34,7 +34,6 @@ __all__ = [
     "OPS",
     "StepResult",
     "best_algorithm",
-    "codec_bytes_per_element",
     "get_profile",
     "simulate_collective",
     "simulate_step",

@@ -15,8 +15,10 @@ import json
 import sys
 import time
 
+from lioncub import methods
+
 _OPS_HELP = ("allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a lioncub composite: "
-             "vote-allgather, vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync")
+             + ", ".join([m for m in methods.NAMES if m != "allreduce"] + ["momentum-sync"]))
 
 
 def register(subparsers) -> None:
@@ -41,8 +43,7 @@ def register(subparsers) -> None:
 
     s = sub.add_parser("step", help="one training step: compute, codec, communication, speedup",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    s.add_argument("--method", default="vote-1bit",
-                   help="allreduce, vote-allgather, vote-1bit, vote-pbit, avg-pbit, l1-pbit")
+    s.add_argument("--method", default="vote-1bit", choices=methods.NAMES)
     s.add_argument("--ranks", type=int, required=True, help="number of ranks (GPUs)")
     _step_args(s)
     s.add_argument("--momentum-sync", type=int, default=0, metavar="K",
@@ -52,7 +53,7 @@ def register(subparsers) -> None:
 
     w = sub.add_parser("sweep", help="speedup table (and plot) over bandwidths, rank counts, methods",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    w.add_argument("--method", default="vote-1bit", help="comma-separated methods")
+    w.add_argument("--method", default="vote-1bit", help="comma-separated methods: " + ", ".join(methods.NAMES))
     w.add_argument("--ranks", required=True, help="comma-separated rank counts, e.g. 8,32,128")
     _step_args(w)
     w.add_argument("--momentum-sync", default="0", metavar="K[,K...]",

@@ -8,7 +8,7 @@
 SIZE convention (`size_bytes`): the bytes of each rank's whole buffer: the allreduce / reduce-scatter /
 broadcast / reduce input, the all-gather *output*, the all-to-all *send* buffer. For lioncub's composite
 ops (`vote-1bit`, `l1-pbit`, `momentum-sync`, ...) it is the bytes of the fp32 bucket they synchronize
-(`lioncub.wire.composite_elements`), and the collectives they issue are those of `lioncub.wire`.
+(`composite_elements`), and the collectives they issue are those of `lioncub.methods`.
 
 Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, as SimPy
 processes that read like the protocol (rings.py, doubling.py, trees.py, alltoall.py) and their registry
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from lioncub import wire
+from lioncub import methods, wire
 
 from .choose import best_algorithm, choose
 from .cluster import Cluster
@@ -35,7 +35,8 @@ from .units import parse_size
 
 # re-exported: the names this module has always offered
 __all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "RENDEZVOUS_FORMS", "Cache", "CollectiveResult", "Rank",
-           "Symmetry", "best_algorithm", "check_algorithm", "composite_collectives", "simulate_collective",
+           "Symmetry", "best_algorithm", "check_algorithm", "composite_collectives", "composite_elements",
+           "simulate_collective",
            "simulate_transfers"]
 
 
@@ -57,10 +58,16 @@ def _parse_algorithm_spec(algorithm) -> dict | str:
 
 def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None = None) -> list[wire.Collective]:
     """The collectives lioncub issues for composite `op` on a bucket of nbytes of fp32."""
-    n = wire.composite_elements(int(nbytes))
+    n = composite_elements(int(nbytes))
     if op == "momentum-sync":
         return wire.momentum_sync_collectives(n) if ranks > 1 else []
-    return wire.vote_collectives(op, n, ranks, levels=levels)
+    meth = methods.get(op)
+    return meth.collectives(n, ranks, meth.resolve_levels(ranks, levels) if meth.uses_levels else 0)
+
+
+def composite_elements(nbytes: int) -> int:
+    """A composite op's SIZE is the bytes of the fp32 bucket it synchronizes: n = SIZE // 4 parameters."""
+    return max(1, nbytes // 4)
 
 
 def simulate_collective(

@@ -105,6 +105,9 @@ class BackendProfile:
         measured by a calibration: per method (its codec bytes, `codec_bytes_per_element`) and "update"
         (the Lion update's 20 bytes per parameter). When present they replace `memory_bandwidth` in
         `simulate_step` for those kernels. {}: use memory_bandwidth.
+    codec_on_compute: the codec kernels run on the cores that compute (CPU ranks, whose forward and
+        backward keep every core busy): their time adds to the compute instead of overlapping it, and an
+        overlapped step hides only the communication. False: a GPU, whose codec runs on a side stream.
     """
 
     name: str = "custom"
@@ -122,6 +125,7 @@ class BackendProfile:
     rendezvous: bool = False
     rendezvous_stagger: float = 0.0
     codec_bandwidth: dict[str, float] = field(default_factory=dict)
+    codec_on_compute: bool = False
 
     def __post_init__(self):
         self.validate()

@@ -6,7 +6,7 @@ convention of `simulate_collective`. RENDEZVOUS_FORMS are the forms Gloo runs wi
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub import methods
 
 from .alltoall import alltoall_all_at_once, alltoall_pairwise
 from .cluster import Cluster
@@ -30,7 +30,8 @@ from .symmetry import pow2
 from .trees import allreduce_binomial_tree, broadcast_binomial_tree, reduce_binomial_tree
 
 PRIMITIVES = tuple(ALL_ALGORITHMS)  # allreduce, allgather, reducescatter, alltoall, broadcast, reduce
-COMPOSITES = tuple(op for op in wire.COMPOSITE_OPS if op != "allreduce")  # fp32 "allreduce" is the primitive
+# lioncub's composite ops: every method but the fp32 "allreduce" (a primitive), and the momentum sync
+COMPOSITES = tuple(op for op in methods.NAMES if op != "allreduce") + ("momentum-sync",)
 OPS = PRIMITIVES + COMPOSITES
 
 ALGORITHMS = {

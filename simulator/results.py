@@ -5,15 +5,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-# nccl-tests bus-bandwidth factors: busbw = algbw * factor(p)
-_BUSBW = {
-    "allreduce": lambda p: 2 * (p - 1) / p,
-    "allgather": lambda p: (p - 1) / p,
-    "reducescatter": lambda p: (p - 1) / p,
-    "alltoall": lambda p: (p - 1) / p,
-    "broadcast": lambda p: 1.0,
-    "reduce": lambda p: 1.0,
-}
+from lioncub import wire
+
+from .profiles import ALL_ALGORITHMS
 
 
 @dataclass
@@ -58,8 +52,7 @@ class CollectiveResult:
     @property
     def busbw(self) -> float | None:
         """algbw times nccl-tests' bus factor (primitives only), bytes per second."""
-        f = _BUSBW.get(self.op)
-        return None if f is None else self.algbw * f(self.ranks)
+        return self.algbw * wire.bus_factor(self.op, self.ranks) if self.op in ALL_ALGORITHMS else None
 
     def to_dict(self) -> dict:
         d = {

@@ -1,20 +1,23 @@
 """Training-step model: compute, codec kernels, communication and how much of it is exposed.
 
-Baseline (`method="allreduce"`): PyTorch DDP. Gradients are grouped into buckets of `bucket_mb` MiB
-(in reverse layer order); a bucket's allreduce can start once backward has produced it, and buckets are
-reduced one after another on one communication stream, overlapping the rest of backward. Only the tail
-that outlasts backward is exposed. Then every rank runs the Lion update locally. With `overlap=False`
-every bucket waits for the end of backward, as in `LionCub(method="allreduce")`, which communicates
-inside step().
+Baseline (`method="allreduce"`): PyTorch DDP, and LionCub's allreduce. Gradients are grouped into buckets
+of `bucket_mb` MiB (in reverse layer order); a bucket's allreduce can start once backward has produced it,
+and buckets are reduced one after another on one communication stream, overlapping the rest of backward.
+Only the tail that outlasts backward is exposed. Then every rank runs the Lion update locally.
 
-lioncub methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`): after backward, one
-control allreduce (lioncub.wire.CONTROL), then per bucket: encode (codec kernel), the method's collectives
-(lioncub.wire.vote_collectives), decode; then the update. Every K steps the momentum is averaged with an
-fp32 allreduce of all parameters (bucketed the same way); that cost is amortized as 1/K per step.
+lioncub's compressed methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`) overlap the
+same way (lioncub.overlap): per bucket, once backward has produced it, encode (codec kernel) and the
+method's collectives (its `collectives` in lioncub.methods), one bucket after another; at the end of
+backward one control allreduce (lioncub.wire.CONTROL); then decode and update. Every K steps the momentum
+is averaged with an fp32 allreduce of all parameters (bucketed the same way) after the update; that cost
+is amortized as 1/K per step.
+
+With `overlap=False` every bucket waits for the end of backward, as `LionCub(..., overlap=False)` does (it
+communicates inside step(): the control allreduce first, then the buckets).
 
 Kernel times are bytes moved through device memory / `memory_bandwidth`:
   Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
-  Codec (method-specific, see `codec_bytes_per_element`): the extra passes that build and consume the
+  Codec (method-specific: the method's `codec_bytes_per_element`): the extra passes that build and consume the
   wire format (reading m and g to form the sign/level, packing, the vote, unpacking; a bf16 cast).
 Compute is given (`compute_seconds`), or 6 * params * tokens / flops_per_second (forward 1/3, backward 2/3).
 
@@ -27,44 +30,26 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .. import wire
+from lioncub import methods, wire
+
 from .cluster import Cluster
 from .collectives import ALGORITHMS, Cache, _parse_algorithm_spec, composite_collectives, simulate_collective
 from .profiles import get_profile
 from .units import parse_byte_rate, parse_count, parse_time
 
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
-
-
-def codec_bytes_per_element(method: str, world_size: int, levels: int | None = None,
-                            grad_dtype: str = "float32") -> float:
-    """Device-memory bytes the method's encode/decode kernels move per parameter (beyond the update)."""
-    wire.check_method(method)
-    n = world_size
-    if n == 1:
-        return 0.0
-    if method == "allreduce":
-        return 0.0 if grad_dtype == "float32" else 12.0  # cast down (4 + 2) and back up (2 + 4)
-    encode = 8.0  # read m and g to form the sign / level
-    if method == "vote-allgather":
-        return encode + 1 / 8 + n / 8  # write own bits; read everyone's bits to vote
-    if method == "vote-1bit":
-        planes = wire.result_planes(n)
-        # write own bits; vote on own chunk (read n chunks, write planes); read the gathered planes
-        return encode + 1 / 8 + 1 / 8 + planes / (8 * n) + planes / 8
-    bpe = wire.field_layout(method, n, levels).bits_per_element
-    return encode + 2 * bpe / 8  # write packed fields; read the summed fields
+DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
+GRAD_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
 class StepResult:
     """One training step on every rank (seconds; bytes are per rank per step, momentum sync amortized).
 
-    step_seconds = compute + codec + optimizer + exposed_communication (for lioncub methods every
-    collective is exposed; for the DDP baseline only the tail that outlasts backward).
-    speedup = baseline_step_seconds / step_seconds, the baseline being fp32 DDP allreduce on the same
-    cluster and backend.
+    step_seconds = compute + optimizer + what outlasts backward (with overlap: the tail of the buckets'
+    codec and collectives; without: the codec and every collective).
+    speedup = baseline_step_seconds / step_seconds, the baseline being torch DDP's fp32 allreduce (25 MiB
+    buckets, overlapped) and Lion on the same cluster and backend.
     """
 
     method: str
@@ -133,15 +118,73 @@ def simulate_step(
     algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
         "op=alg,..." (see simulate_collective).
     grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
-    overlap: the allreduce baseline reduces each bucket as soon as backward has produced it, overlapping
-        the rest of backward, as DDP does (True); or after backward, as `LionCub(method="allreduce")`
-        does, since it communicates inside step() (False). Applies to the baseline of other methods too.
+    overlap: each bucket is exchanged as soon as backward has produced it, overlapping the rest of
+        backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
+        (False). Applies to the baseline of other methods too.
     exact: simulate every collective rank by rank (see simulate_collective).
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
-    wire.check_method(method)
+    meth = methods.get(method)
+    P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
+                                          memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
+    profile = get_profile(backend)
+    cache = cache if cache is not None else Cache()
+    N = cluster.ranks
+    spec = _step_spec(algorithm, cluster)
+    memo: dict = {}
+
+    def run(op, nbytes):
+        if (op, nbytes) not in memo:
+            if op == "allreduce":
+                alg = spec.get("allreduce", "auto")
+            else:
+                alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels)}
+            memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache,
+                                                   exact=exact)
+        return memo[op, nbytes]
+
+    t_bwd = compute * backward_fraction
+    times = dict(
+        fwd=compute - t_bwd, bwd=t_bwd,
+        optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
+        codec_bytes=meth.codec_bytes_per_element(N, levels or 0, grad_dtype),
+        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
+    buckets = _buckets(P, bucket_mb * 2**20)
+    if meth.dense:
+        t = _overlapped_step(run, "allreduce", buckets, P, N, times, overlap, wire.DTYPE_BYTES[grad_dtype])
+    elif overlap:
+        t = _overlapped_step(run, meth.name, buckets, P, N, times, True, 4, control=True)
+        _add_momentum_sync(t, run, buckets, N, K)
+    else:
+        t = _vote_step(run, meth.name, buckets, N, times, K)
+    step = compute
+    for part in t["tail"]:
+        step += part
+    step += times["optimizer"]
+
+    base_dict, base_step = None, step
+    if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
+        base = simulate_step(cluster, "allreduce", P, None, DDP_BUCKET_MB, compute, None, None, profile,
+                             algorithm=spec, memory_bandwidth=mem_bw,
+                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, exact=exact,
+                             _baseline=False)
+        base_step = base.step_seconds
+        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+    return StepResult(
+        method=meth.name, backend=profile.name, ranks=N, params=P, step_seconds=step,
+        compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
+        communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
+        momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
+        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=len(buckets),
+        collectives=t["collectives"], baseline=base_dict,
+    )
+
+
+def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction, memory_bandwidth,
+                  compute_seconds, flops_per_second, tokens_per_step):
+    """(parameters, sync interval K or None, compute seconds, memory bandwidth) from the step's inputs."""
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
     if params is None:
@@ -149,9 +192,8 @@ def simulate_step(
     P = parse_count(params)
     if not P >= 1:
         raise ValueError(f"params must be >= 1, got {params!r}")
-    P = int(P)
-    if grad_dtype not in _DTYPE_BYTES:
-        raise ValueError(f"grad_dtype must be one of {', '.join(_DTYPE_BYTES)}, got {grad_dtype!r}")
+    if grad_dtype not in GRAD_DTYPES:
+        raise ValueError(f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {grad_dtype!r}")
     if not (isinstance(bucket_mb, (int, float)) and bucket_mb > 0):
         raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
     K = momentum_sync or None
@@ -168,99 +210,82 @@ def simulate_step(
         flops, tokens = parse_count(flops_per_second), parse_count(tokens_per_step)
         if not (flops > 0 and tokens > 0):
             raise ValueError("flops_per_second and tokens_per_step must be positive")
-        compute = 6.0 * P * tokens / flops
+        compute = 6.0 * int(P) * tokens / flops
     else:
         raise ValueError("give compute_seconds, or flops_per_second and tokens_per_step")
     if compute < 0:
         raise ValueError(f"compute time must be >= 0, got {compute_seconds!r}")
-    profile = get_profile(backend)
-    cache = cache if cache is not None else Cache()
-    N = cluster.ranks
-    buckets = _buckets(P, bucket_mb * 2**20)
+    return int(P), K, compute, mem_bw
 
-    spec = _step_spec(algorithm, cluster)
 
-    memo: dict = {}
-
-    def run(op, nbytes):
-        if (op, nbytes) in memo:
-            return memo[op, nbytes]
-        if op == "allreduce":
-            alg = spec.get("allreduce", "auto")
-        else:
-            alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels)}
-        memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache,
-                                               exact=exact)
-        return memo[op, nbytes]
-
-    t_bwd = compute * backward_fraction
-    t_fwd = compute - t_bwd
-    update_bw = profile.codec_bandwidth.get("update", mem_bw)
-    codec_bw = profile.codec_bandwidth.get(method, mem_bw)
-    optimizer = UPDATE_BYTES_PER_PARAM * P / update_bw
-    codec_per_elem = codec_bytes_per_element(method, N, levels, grad_dtype)
-    colls: list[dict] = []
-    sent = 0.0
-    msync = 0.0
-
-    if method == "allreduce":
-        # DDP: bucket i is ready when backward has produced it; one stream reduces buckets in order.
-        size = _DTYPE_BYTES[grad_dtype]
-        done, end, comm, codec = 0, t_fwd, 0.0, 0.0
-        for e in buckets:
-            done += e
-            ready = t_fwd + t_bwd * (done / P if overlap else 1.0)
-            t_codec = codec_per_elem * e / codec_bw
-            t_comm = 0.0
-            if N > 1:
-                r = run("allreduce", e * size)
-                t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
-                _tally(colls, "allreduce", r.algorithm, e * size, r.seconds)
-            end = max(end, ready) + t_codec + t_comm
-            comm += t_comm
-            codec += t_codec
-        exposed = max(0.0, end - (t_fwd + t_bwd))
-        step = compute + exposed + optimizer
-    else:
-        comm, codec = 0.0, 0.0
+def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control=False) -> dict:
+    """DDP, and LionCub with overlap: bucket i is ready when backward has produced it; one stream (LionCub:
+    one thread) encodes and exchanges the buckets in order, then (compressed methods) sends the step's
+    control message; only the tail that outlasts backward is exposed. `elem_bytes`: the SIZE of the
+    bucket's op per parameter (the gradient dtype for allreduce, 4 for the composites)."""
+    # on CPU ranks (codec_on_compute) each bucket's codec runs on the computing cores: backward lasts the
+    # codecs longer, and the stream carries only the collectives
+    on_cores = times["codec_on_compute"]
+    codec_total = sum(times["codec_bytes"] * e / times["codec_bw"] for e in buckets) if on_cores else 0.0
+    bwd = times["bwd"] + codec_total
+    done, end, comm, codec, sent, colls = 0, times["fwd"], 0.0, 0.0, 0.0, []
+    for e in buckets:
+        done += e
+        ready = times["fwd"] + bwd * (done / P if overlap else 1.0)
+        t_codec = times["codec_bytes"] * e / times["codec_bw"]
+        t_comm = 0.0
         if N > 1:
-            r = run("allreduce", wire.CONTROL.nbytes)
-            comm, sent = r.seconds, r.bytes_sent_per_rank
-            _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
-        for e in buckets:
-            codec += codec_per_elem * e / codec_bw
-            if N > 1:
-                r = run(method, 4 * e)
-                comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
-                _tally(colls, method, r.algorithm, 4 * e, r.seconds)
-        if K is not None and N > 1:
-            total, bytes_ = 0.0, 0.0
-            for e in buckets:
-                r = run("momentum-sync", 4 * e)
-                total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
-                _tally(colls, "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
-            msync = total / K
-            comm += msync
-            sent += bytes_ / K
-        exposed = comm
-        step = compute + codec + comm + optimizer
+            r = run(op, e * elem_bytes)
+            t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
+            _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds)
+        end = max(end, ready) + (0.0 if on_cores else t_codec) + t_comm
+        comm += t_comm
+        codec += t_codec
+    if control and N > 1:
+        r = run("allreduce", wire.CONTROL.nbytes)
+        end = max(end, times["fwd"] + bwd) + r.seconds
+        comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
+        _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
+    exposed = max(0.0, end - (times["fwd"] + bwd))
+    return dict(codec=codec, comm=comm, exposed=exposed, tail=[codec_total, exposed] if on_cores else [exposed],
+                msync=0.0, sent=sent, collectives=colls)
 
-    base_dict, base_step = None, step
-    if _baseline and not (method == "allreduce" and grad_dtype == "float32"):
-        base = simulate_step(cluster, "allreduce", P, None, bucket_mb, compute, None, None, profile,
-                             algorithm=spec, memory_bandwidth=mem_bw,
-                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, exact=exact,
-                             _baseline=False)
-        base_step = base.step_seconds
-        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
-    return StepResult(
-        method=method, backend=profile.name, ranks=N, params=P, step_seconds=step,
-        compute_seconds=compute, optimizer_seconds=optimizer, codec_seconds=codec,
-        communication_seconds=comm, exposed_communication_seconds=exposed, momentum_sync_seconds=msync,
-        bytes_sent_per_rank=sent, baseline_step_seconds=base_step,
-        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=len(buckets),
-        collectives=colls, baseline=base_dict,
-    )
+
+def _vote_step(run, method, buckets, N, times, K) -> dict:
+    """After backward: the control all-reduce, then each bucket's codec and collectives in turn; every
+    K steps the momenta are averaged (amortized as 1/K per step). Everything is exposed."""
+    comm, codec, sent, msync, colls = 0.0, 0.0, 0.0, 0.0, []
+    if N > 1:
+        r = run("allreduce", wire.CONTROL.nbytes)
+        comm, sent = r.seconds, r.bytes_sent_per_rank
+        _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
+    for e in buckets:
+        codec += times["codec_bytes"] * e / times["codec_bw"]
+        if N > 1:
+            r = run(method, 4 * e)
+            comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
+            _tally(colls, method, r.algorithm, 4 * e, r.seconds)
+    t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, collectives=colls)
+    _add_momentum_sync(t, run, buckets, N, K)
+    t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
+    return t
+
+
+def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
+    """Every K steps step() averages the momenta (fp32, bucketed the same way), after backward: exposed,
+    amortized as 1/K per step."""
+    if K is None or N == 1:
+        return
+    total, bytes_ = 0.0, 0.0
+    for e in buckets:
+        r = run("momentum-sync", 4 * e)
+        total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
+        _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
+    t["msync"] = total / K
+    t["comm"] += t["msync"]
+    t["exposed"] += t["msync"]
+    t["tail"].append(t["msync"])
+    t["sent"] += bytes_ / K
 
 
 def _tally(colls, what, alg, nbytes, seconds, per_step=1.0):
@@ -292,4 +317,4 @@ def _step_spec(algorithm, cluster) -> dict:
     return {op: spec for op in ops}
 
 
-__all__ = ["StepResult", "simulate_step", "codec_bytes_per_element"]
+__all__ = ["StepResult", "simulate_step"]

@@ -12,8 +12,9 @@ import torch
 import torch.distributed as dist
 
 from lioncub import LionCub
+from lioncub.methods import NAMES as METHODS
+from lioncub.methods.l1_pbit import default_levels
 from lioncub.transport import CommError
-from lioncub.wire import METHODS, default_levels
 
 SHAPES = [(7, 5), (13,), (3, 3, 3), (1,), (33,), (2, 17)]
 BUCKET_MB = 256 / 2**20  # a few tensors per bucket, several buckets
@@ -198,3 +199,136 @@ def dead_rank(rank, world_size, how):
         except CommError as exc:
             return dict(error=str(exc), seconds=time.monotonic() - t0, step=step)
     return dict(error=None)
+
+
+class _Net(torch.nn.Module):
+    """Mixed dtypes and shapes; `side` is used only on even ranks (unused elsewhere), `tail` frozen later."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = torch.nn.Linear(9, 16)
+        self.mid = torch.nn.Linear(16, 16).bfloat16()
+        self.side = torch.nn.Linear(16, 16)
+        self.tail = torch.nn.Linear(16, 16)
+        self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x, use_side):
+        h = torch.tanh(self.inp(x))
+        h = torch.tanh(self.mid(h.bfloat16()).float())
+        if use_side:
+            h = h + self.side(h)
+        if self.tail.weight.requires_grad:
+            h = h + self.tail(h)
+        return self.out(h)
+
+
+def overlap_run(rank, world_size, overlap, method, momentum_sync, steps=5, bad_step=3, freeze_at=4):
+    """Train _Net with real backward passes: step 2 accumulates two micro-batches (no_sync on the first),
+    step `bad_step` has a non-finite gradient on the last rank only, `tail` is frozen from `freeze_at`."""
+    torch.manual_seed(0)
+    net = _Net()
+    opt = LionCub(net.parameters(), lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=BUCKET_MB * 8,
+                  momentum_sync=None if method == "allreduce" else momentum_sync, overlap=overlap)
+    gen = torch.Generator().manual_seed(77 + rank)
+    skipped_momenta_same = True
+    for step in range(1, steps + 1):
+        if step == freeze_at:
+            net.tail.requires_grad_(False)
+        opt.zero_grad()
+        micro = 2 if step == 2 else 1
+        for i in range(micro):
+            x = torch.randn(8, 9, generator=gen)
+            if step == bad_step and rank == world_size - 1:
+                x[0, 0] = float("inf")
+            ctx = opt.no_sync() if i + 1 < micro else _nullcontext()
+            with ctx:
+                loss = net(x, use_side=rank % 2 == 0).square().mean()
+                loss.backward()
+        moms = [opt.state[p]["exp_avg"].clone() for p in net.parameters() if p in opt.state]
+        opt.step()
+        if step == bad_step:
+            after = [opt.state[p]["exp_avg"] for p in net.parameters() if p in opt.state]
+            skipped_momenta_same = all(torch.equal(a, b) for a, b in zip(moms, after))
+    params = [p.detach().clone() for p in net.parameters()]
+    flat = torch.cat([p.float().reshape(-1) for p in params])
+    replicas = gather(flat)
+    return dict(params=params, momenta=[opt.state[p]["exp_avg"].clone() for p in net.parameters()],
+                replicas_equal=all(torch.equal(r, flat) for r in replicas), skipped=opt.stats.skipped_steps,
+                skipped_momenta_same=skipped_momenta_same, overlapped=opt.stats.overlapped_steps)
+
+
+def overlap_vs_step(rank, world_size, methods=METHODS, syncs=(None, 2)):
+    out = {}
+    for method in methods:
+        for sync in syncs:
+            if method == "allreduce" and sync is not None:
+                continue
+            out[method, sync] = (overlap_run(rank, world_size, True, method, sync),
+                                 overlap_run(rank, world_size, False, method, sync))
+    return out
+
+
+class _nullcontext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def clipped_after_backward(rank, world_size):
+    """torch's clip_grad_norm_ between backward and step changes local gradients after the overlapped vote:
+    step() must take the vote again, giving what the non-overlapped optimizer gives."""
+    results = []
+    for overlap in (True, False):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+        opt = LionCub(net.parameters(), lr=LR, method="vote-1bit", overlap=overlap)
+        gen = torch.Generator().manual_seed(5 + rank)
+        for _ in range(3):
+            opt.zero_grad()
+            net(torch.randn(4, 6, generator=gen)).square().mean().backward()
+            torch.nn.utils.clip_grad_norm_(net.parameters(), 1e-3)
+            opt.step()
+        results.append(torch.cat([p.detach().reshape(-1) for p in net.parameters()]))
+    replicas = gather(results[0])
+    return dict(same_as_plain=torch.equal(results[0], results[1]),
+                replicas_equal=all(torch.equal(r, results[0]) for r in replicas))
+
+
+def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps=4):
+    """The same training with LionCub alone and with LionCub attached to a DDP model: parameters after each
+    run, replicas. Step 2 accumulates two micro-batches (no_sync), step 3 has an inf on the last rank; with
+    find_unused_parameters, `side` is unused on odd ranks."""
+    from lioncub.ddp import attach_ddp
+
+    unused = ddp_kwargs.get("find_unused_parameters", False)
+    out = []
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        net = _Net()
+        opt = LionCub(net.parameters(), lr=LR, betas=(B1, B2), weight_decay=WD, method=method,
+                      bucket_mb=BUCKET_MB * 8, momentum_sync=None if method == "allreduce" else momentum_sync)
+        model = net
+        if hooked:
+            model = torch.nn.parallel.DistributedDataParallel(net, **ddp_kwargs)
+            attach_ddp(model, opt)
+        gen = torch.Generator().manual_seed(77 + rank)
+        for step in range(1, steps + 1):
+            opt.zero_grad()
+            micro = 2 if step == 2 else 1
+            for i in range(micro):
+                x = torch.randn(8, 9, generator=gen)
+                if step == 3 and rank == world_size - 1:
+                    x[0, 0] = float("inf")
+                last = i + 1 == micro
+                ctx = _nullcontext() if last else (model.no_sync() if hooked else opt.no_sync())
+                with ctx:
+                    model(x, use_side=not unused or rank % 2 == 0).square().mean().backward()
+            if hooked and step == 1:  # what a framework does between backward and step: no effect
+                torch.nn.utils.clip_grad_norm_(net.parameters(), 1e-3)
+            opt.step()
+        flat = torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
+        out.append(dict(flat=flat, replicas_equal=all(torch.equal(r, flat) for r in gather(flat)),
+                        overlapped=opt.stats.overlapped_steps, skipped=opt.stats.skipped_steps))
+    return out

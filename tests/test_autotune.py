@@ -7,7 +7,7 @@ import math
 import pytest
 from lioncub.simulator import Cache, Cluster, simulate_step
 
-from lioncub import autotune, schedules, wire
+from lioncub import autotune, methods, schedules
 
 SCHEDS = ["none", "every:4", "every:16"]  # schedules the simulator takes directly (int K)
 
@@ -35,20 +35,21 @@ def check_against_simulator(res, cluster, params, compute, max_risk=math.inf, **
 
 
 def test_fast_network_small_model_recommends_the_baseline():
-    # 25M parameters on 100 Gbit/s: DDP hides the fp32 allreduce behind backward; lioncub's methods
-    # communicate after backward, so the baseline is simply fastest
+    # 25M parameters on 100 Gbit/s: every method's communication hides behind backward, so the compressed
+    # ones save at most a few percent, which does not pay for their convergence risk
     cluster = Cluster.for_ranks(8, bandwidth="100Gbit", latency="5us")
     params, compute = 25_000_000, 0.05
     res = autotune.search(cluster, params, compute, momentum_syncs=SCHEDS, bucket_mbs=[4, 25])
     check_against_simulator(res, cluster, params, compute)
     expected = {("allreduce", None, "none", b) for b in (4, 25)}  # the search space
-    for m in wire.METHODS[1:]:
+    for m in methods.NAMES[1:]:
         for lv in (autotune.l1_levels_candidates(8) if m == "l1-pbit" else [None]):
             expected |= {(m, lv, s, b) for s in SCHEDS for b in (4, 25)}
     assert {(c.method, c.levels, c.momentum_sync, c.bucket_mb) for c in res.candidates} == expected
-    assert res.ranked[0].method == "allreduce"
+    best_ar = next(c for c in res.ranked if c.method == "allreduce")
+    assert best_ar.step_seconds / res.ranked[0].step_seconds < 1.05
     rec, verdict = autotune.recommend(res)
-    assert rec is res.ranked[0] and "does not pay here" in verdict
+    assert rec is best_ar and "does not pay" in verdict
 
     # 2M parameters (one bucket, nothing to overlap): a 1-bit vote is a few percent faster, which does not
     # pay for its convergence risk: the baseline is recommended, and the verdict says so
@@ -124,12 +125,12 @@ def test_hierarchical_layout_is_searched_but_not_recommended():
 def test_l1_levels_candidates_are_the_widest_levels_of_each_field_width():
     for n in (2, 4, 8, 16, 64, 128, 1000):
         cands = autotune.l1_levels_candidates(n)
-        assert cands[0] == wire.default_levels(n) and cands == sorted(set(cands))
-        widths = [wire.field_layout("l1-pbit", n, s).width for s in cands]
+        assert cands[0] == max(1, 127 // n) and cands == sorted(set(cands))
+        widths = [methods.get("l1-pbit").layout(n, s).width for s in cands]
         assert widths == sorted(set(widths))
         for s, w in zip(cands[1:], widths[1:]):
             assert s <= autotune.MAX_LEVELS
-            assert wire.field_layout("l1-pbit", n, s + 1).width > w  # one more level needs a wider field
+            assert methods.get("l1-pbit").layout(n, s + 1).width > w  # one more level needs a wider field
 
 
 def test_unsynced_share_matches_a_literal_momentum_recurrence():

@@ -9,7 +9,7 @@ import math
 import pytest
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_step
 
-from lioncub import autotune, schedules, wire
+from lioncub import autotune, methods, schedules
 from lioncub.cli import main
 
 SLOW = ["--ranks", "4", "--bandwidth", "100Mbit", "--latency", "50us"]
@@ -43,7 +43,7 @@ def test_json_ranked_list_and_output_config(tmp_path, capsys):
     assert cfg["train"]["model"] == "char-tiny" and cfg["risk"]["level"] in ("low", "medium")
     assert {"within_risk", "configurations", "seconds"} <= set(cfg["search"])
     # best_per_method: one flat row per method
-    assert sorted(r["method"] for r in out["best_per_method"]) == sorted(wire.METHODS)
+    assert sorted(r["method"] for r in out["best_per_method"]) == sorted(methods.NAMES)
 
 
 def test_config_round_trips_into_lioncub_and_trainconfig(tmp_path, capsys):
@@ -98,8 +98,8 @@ def test_text_output_says_when_compression_does_not_pay(tmp_path, capsys):
         assert {c["algorithm"].split(":")[-1] for c in coll["collectives"]} == {want}
     assert "compression does not pay" in text and "Use allreduce" in text
     assert "recommended: allreduce" in text
-    table = text[text.index("-  -"):].splitlines()[1]
-    assert table.split()[1] == "allreduce"  # the top row
+    rows = [line.split() for line in text[text.index("-  -"):].splitlines()[1:] if line.strip()]
+    assert any(r[0].endswith("*") and r[1] == "allreduce" for r in rows)  # the recommended row
 
 
 def test_max_risk_and_top(capsys):
@@ -144,11 +144,29 @@ def test_calibration_file_is_used(tmp_path, capsys):
     (["--model", "mlp", *SLOW, "--calibration", "/nonexistent/cal.json"], "calibration"),
     (["--params", "lots", *SLOW], "--params"),
     (["--model", "mlp", "--ranks", "4", "--bandwidth=0Gbit"], "bandwidth must be positive"),
+    (["--model", "mlp", *SLOW, "--output", "/nonexistent/dir/cfg.json"], "--output /nonexistent/dir/cfg.json: no such"),
+    (["--model", "mlp", *SLOW, "--output", "/"], "is a directory"),
 ])
 def test_bad_input_is_a_clear_error(argv, match, capsys):
     assert main(["autotune", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("lioncub: error:") and match in err and "Traceback" not in err
+
+
+def test_the_pilot_overrules_the_simulator_only_when_a_run_reaches_the_target():
+    from types import SimpleNamespace
+
+    def cand(name, step):
+        return SimpleNamespace(label=lambda: name, step_seconds=step)
+
+    pick, other = cand("vote-1bit", 0.01), cand("l1-pbit", 0.02)
+    runs = lambda *rs: {"runs": [dict(candidate=c, time_to_target=t, steps_to_target=k) for c, t, k in rs]}
+    rec, verdict = autotune.pilot_verdict(pick, "vote-1bit pays.", runs((other, 0.2, 10), (pick, 0.3, 30)))
+    assert rec is other and verdict.startswith("the pilot overrides the simulator's pick (vote-1bit): l1-pbit")
+    assert autotune.pilot_verdict(pick, "vote-1bit pays.", runs((pick, 0.3, 30), (other, 0.4, 20))) == (
+        pick, "vote-1bit pays. The pilot agrees: it reaches the target loss first in predicted time.")
+    assert autotune.pilot_verdict(pick, "vote-1bit pays.", runs((other, None, None), (pick, None, None))) == (
+        pick, "vote-1bit pays.")
 
 
 def test_pilot_ranking_by_predicted_time_to_target(monkeypatch):

@@ -210,6 +210,14 @@ def test_bad_invocations_are_clear_errors(tmp_path, capsys, monkeypatch):
         plan(4, 0)
 
 
+@pytest.mark.parametrize("flag", ["--output", "--save-measurements"])
+def test_files_to_write_are_checked_before_measuring(saved, tmp_path, capsys, flag):
+    argv = ["calibrate", "--from-measurements", str(saved), "--output", str(tmp_path / "c.json")]
+    assert main(argv + [flag, "/nonexistent/dir/out.json"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"lioncub: error: {flag} /nonexistent/dir/out.json: no such directory /nonexistent/dir\n"
+
+
 def test_lab_calibration_without_privileges_says_what_is_missing(monkeypatch, capsys, tmp_path):
     from lioncub.lab import netns
 

@@ -7,7 +7,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lioncub.kernels import reference as ref
 
-from lioncub import wire
+from lioncub import methods
+from lioncub.methods.vote_1bit import chunk_bytes
+
+
+def codec(method):
+    return methods.get(method).codec
+
+
+def layout(method, N, levels=None):
+    return methods.get(method).layout(N, levels or 0)
 
 
 @given(nbytes=st.integers(0, 300), seed=st.integers(0, 2**31))
@@ -51,7 +60,7 @@ def test_quantize_1bit_signs_and_zero_votes(n, parity):
     c = 0.9 * m + 0.1 * g
     m_ref = torch.mul(m, 0.99).add_(g, alpha=0.01)
     out = torch.empty(-(-n // 8) + 2, dtype=torch.uint8)  # padded, as in a 1-bit all-to-all buffer
-    ref.quantize_pack("vote-1bit", g, m, out, beta1=0.9, beta2=0.99, zero_parity=parity)
+    ref.quantize_pack(codec("vote-1bit"), g, m, out, beta1=0.9, beta2=0.99, zero_parity=parity)
     bits = np.unpackbits(out.numpy(), bitorder="little")[:n]
     idx = np.arange(n)
     want = np.where(c.numpy() > 0, 1, np.where(c.numpy() < 0, 0, (idx + parity) % 2 == 0))
@@ -62,10 +71,10 @@ def test_quantize_1bit_signs_and_zero_votes(n, parity):
 @pytest.mark.parametrize("N", [1, 2, 3, 4, 5, 8, 100])
 def test_vote_pbit_fields_hold_sign_plus_one(N):
     g, m = _gm(301)
-    lay = wire.field_layout("vote-pbit", N)
+    lay = layout("vote-pbit", N)
     out = torch.empty(lay.words(301), dtype=getattr(torch, lay.dtype))
     c = torch.mul(m, 0.9).add_(g, alpha=0.1)
-    ref.quantize_pack("vote-pbit", g, m, out, beta1=0.9, beta2=0.99, layout=lay)
+    ref.quantize_pack(codec("vote-pbit"), g, m, out, beta1=0.9, beta2=0.99, layout=lay)
     assert ref.unpack_fields(out, lay, 301).tolist() == (torch.sign(c) + 1).int().tolist()
 
 
@@ -93,10 +102,10 @@ def test_l1_zero_tensor_gives_zero_levels_and_segments_are_per_tensor():
     assert q[8].item() == 1.0  # its own tensor: c / mean = 1 -> round(1.0) = 1
 
 
-@pytest.mark.parametrize("method", wire.PBIT_METHODS)
+@pytest.mark.parametrize("method", ("vote-pbit", "avg-pbit", "l1-pbit"))
 def test_decode_pbit_updates(method):
     N, s = 4, 3
-    lay = wire.field_layout(method, N, s if method == "l1-pbit" else None)
+    lay = layout(method, N, s if method == "l1-pbit" else None)
     # per-rank values already shifted: sums of 4 ranks
     shift = s if method == "l1-pbit" else 1
     per_rank = torch.tensor([[1, 0, 2, 1], [1, 0, 2, 2], [1, 2, 0, 0], [1, 2, 0, 0]]).T  # 4 ranks x 4 elems
@@ -104,7 +113,7 @@ def test_decode_pbit_updates(method):
         per_rank = torch.tensor([[3, 0, 6, 4], [3, 0, 6, 5], [3, 6, 0, 0], [3, 6, 0, 1]]).T
     total = sum(ref.pack_fields(per_rank[r], lay, torch.empty(lay.words(4), dtype=getattr(torch, lay.dtype)))
                 for r in range(N))
-    U = ref.decode_update(method, total, 4, world_size=N, levels=s, layout=lay)
+    U = ref.decode_update(codec(method), total, 4, world_size=N, levels=s, layout=lay)
     signed_sum = (per_rank - shift).sum(0).float()
     want = signed_sum / N if method == "avg-pbit" else torch.sign(signed_sum)
     assert torch.equal(U, want)
@@ -113,7 +122,7 @@ def test_decode_pbit_updates(method):
 def test_decode_1bit_with_tie_plane():
     sign = ref.pack_bits(torch.tensor([1, 0, 1, 0, 1, 1, 0, 0], dtype=torch.uint8))
     nonzero = ref.pack_bits(torch.tensor([1, 1, 0, 0, 1, 1, 1, 1], dtype=torch.uint8))
-    U = ref.decode_update("vote-1bit", (sign, nonzero), 6, world_size=4)
+    U = ref.decode_update(codec("vote-1bit"), (sign, nonzero), 6, world_size=4)
     assert U.tolist() == [1, -1, 0, 0, 1, 1]
 
 
@@ -153,20 +162,20 @@ def test_cpu_pieces_give_the_same_bits_as_one_pass(monkeypatch, method, dtype):
     g, m = _gm(n, seed=3)
     p = torch.randn(n, generator=torch.Generator().manual_seed(9))
     g, m, p = g.to(dtype), m.to(dtype), p.to(dtype)
-    lay = wire.field_layout(method, N, s_levels) if method.endswith("pbit") else None
+    lay = layout(method, N, s_levels) if method.endswith("pbit") else None
     results = []
     for piece in (1 << 30, 192):
         monkeypatch.setattr(ref, "PIECE", piece)
         mm, pp = m.clone(), p.clone()
-        finite, mult = ref.prepass(method, g, mm, beta1=0.9, offsets=offsets, levels=s_levels)
+        finite, mult = ref.prepass(codec(method), g, mm, beta1=0.9, offsets=offsets, levels=s_levels)
         if lay is None:
-            out = torch.zeros(N * wire.onebit_chunk_bytes(n, N), dtype=torch.uint8)
+            out = torch.zeros(N * chunk_bytes(n, N), dtype=torch.uint8)
         else:
             out = torch.zeros(lay.words(n), dtype=getattr(torch, lay.dtype))
-        ref.quantize_pack(method, g, mm, out, beta1=0.9, beta2=0.99, zero_parity=1, layout=lay, mult=mult,
+        ref.quantize_pack(codec(method), g, mm, out, beta1=0.9, beta2=0.99, zero_parity=1, layout=lay, mult=mult,
                           offsets=offsets, levels=s_levels)
         code = (out, out.flip(0)) if lay is None else out  # any agreed planes will do
-        ref.unpack_apply(method, pp, code, lr=0.01, wd=0.1, world_size=N, levels=s_levels, layout=lay)
+        ref.unpack_apply(codec(method), pp, code, lr=0.01, wd=0.1, world_size=N, levels=s_levels, layout=lay)
         lion_p, lion_m = p.clone(), m.clone()
         ref.lion_step(lion_p, g, lion_m, lr=0.01, wd=0.1, beta1=0.9, beta2=0.99)
         results.append((finite, mult, out, mm, pp, lion_p, lion_m))

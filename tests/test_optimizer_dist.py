@@ -6,7 +6,7 @@ import torch
 
 from lioncub import LionCub
 from lioncub.distributed import spawn
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 8])

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from lioncub import EveryK, FirstSteps, Geometric, LionCub
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
 
 
 def _model(seed=0, dtype=torch.float32):
@@ -62,7 +62,7 @@ def test_model_zero_grad_and_replaced_grads_still_work():
 
 def test_params_and_grads_are_views_into_flat_buckets():
     model = _model()
-    opt = LionCub(model.parameters(), lr=1e-3, bucket_mb=0.004)
+    opt = LionCub(model.parameters(), lr=1e-3, bucket_mb=0.0005)
     _train(model, opt, steps=2)
     for b in opt._buckets:
         storage = b.p.untyped_storage().data_ptr()

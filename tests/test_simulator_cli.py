@@ -1,8 +1,7 @@
-"""`lioncub simulate ...` and `lioncub bench simulator`, units, bad input, and the no-torch rule."""
+"""`lioncub simulate ...` and `lioncub bench simulator`, units and bad input (the no-torch rule: test_imports.py)."""
 
 import argparse
 import json
-import subprocess
 import sys
 
 import pytest
@@ -160,36 +159,13 @@ def test_cli_bad_input_is_a_clear_error(capsys, argv, match):
     assert re.search(match, err)
 
 
-def test_simulator_imports_no_torch():
-    code = r"""
-import argparse, sys
-import lioncub.simulator
-from lioncub.simulator import cli, bench, sweep, step, collectives, network, profiles, units, cluster
-p = argparse.ArgumentParser(); cli.register(p.add_subparsers())
-args = p.parse_args(["simulate", "step", "--method", "vote-1bit", "--params", "1M", "--compute-seconds", "0.1",
-                     "--ranks", "4", "--json"])
-import io, contextlib
-with contextlib.redirect_stdout(io.StringIO()):
-    args.func(args)
-bad = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch.") or m == "triton")
-assert not bad, bad
-print("ok")
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "ok"
-
-
 def test_bench_simulator_meets_its_target(capsys):
     # small version of `lioncub bench simulator` (the real one: 1024 ranks, 256 MiB)
-    from lioncub.simulator import bench
+    from lioncub.cli import main
 
-    p = argparse.ArgumentParser()
-    bench.add_arguments(p)
-    args = p.parse_args(["--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M", "--json",
-                         "--scale-ranks", "64,256", "--scale-step-ranks", "256", "--scale-params", "1B",
-                         "--autotune-params", "100M"])
-    rc = bench.run(args)
+    rc = main(["bench", "simulator", "--ranks", "128", "--size", "32MiB", "--step-ranks", "16", "--params", "50M",
+               "--json", "--scale-ranks", "64,256", "--scale-step-ranks", "256", "--scale-params", "1B",
+               "--autotune-params", "100M"])
     d = json.loads(capsys.readouterr().out)
     assert rc == 0 and d["ok"]
     assert d["rows"][0]["simulated_ranks"] == 8  # one node's ranks stand for all 16 nodes

@@ -5,6 +5,8 @@ import math
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step, sweep
 
+from lioncub import wire
+
 B = 10e9 / 8
 A = 30e-6
 MEM = 2e12
@@ -72,13 +74,14 @@ def test_baseline_without_overlap_reduces_after_backward():
 
 
 def test_vote_1bit_step_and_momentum_sync_amortization():
+    """LionCub(..., overlap=False): the control allreduce and every bucket after backward."""
     p, P, mb, K = 4, 30_000_000, 25, 10
     cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
-    kw = dict(params=P, bucket_mb=mb, compute_seconds=0.1, backend="ideal", memory_bandwidth=MEM)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=0.1, backend="ideal", memory_bandwidth=MEM, overlap=False)
     r = simulate_step(cluster, "vote-1bit", **kw)
     rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
     planes = 2  # even world size: majority sign + "not a tie"
-    comm = allreduce_best(p, 4)  # the step's control allreduce (one int32)
+    comm = allreduce_best(p, wire.CONTROL.nbytes)  # the step's control allreduce
     msync = 0.0
     for e in buckets(P, mb):
         chunk = math.ceil(e / (8 * p))  # bytes of one rank's 1-bit chunk
@@ -94,6 +97,41 @@ def test_vote_1bit_step_and_momentum_sync_amortization():
     per_step_bits = (p - 1) / p * (1 + planes) * P
     assert r.bytes_sent_per_rank == pytest.approx(per_step_bits / 8, rel=0.01)
     assert rk.bytes_sent_per_rank - r.bytes_sent_per_rank == pytest.approx(2 * (p - 1) / p * 4 * P / K, rel=0.01)
+
+
+@pytest.mark.parametrize("compute", [0.005, 0.5])
+def test_overlapped_vote_encodes_and_exchanges_buckets_during_backward(compute):
+    """LionCub's default: each bucket's codec and collectives start once backward has produced it, one
+    bucket after another; the control allreduce follows backward; momentum syncs come after the update."""
+    p, P, mb, K = 4, 30_000_000, 25, 10
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=compute, backend="ideal", memory_bandwidth=MEM)
+    r = simulate_step(cluster, "vote-1bit", **kw)
+    rk = simulate_step(cluster, "vote-1bit", momentum_sync=K, **kw)
+    codec_per_elem = r.codec_seconds / P
+    fwd, bwd = compute / 3, compute * 2 / 3
+    end, done, comm, msync = fwd, 0, 0.0, 0.0
+    for e in buckets(P, mb):
+        done += e
+        chunk = math.ceil(e / (8 * p))
+        t = alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+        end = max(end, fwd + bwd * done / P) + codec_per_elem * e + t
+        comm += t
+        msync += allreduce_best(p, 4 * e)
+    end = max(end, compute) + allreduce_best(p, wire.CONTROL.nbytes)
+    exposed = end - compute
+    assert r.communication_seconds == pytest.approx(comm + allreduce_best(p, wire.CONTROL.nbytes), rel=0.01)
+    assert r.exposed_communication_seconds == pytest.approx(exposed, rel=0.01)
+    assert r.step_seconds == pytest.approx(compute + exposed + 20 * P / MEM, rel=0.01)
+    assert rk.step_seconds - r.step_seconds == pytest.approx(msync / K, rel=0.01)
+    after = simulate_step(cluster, "vote-1bit", overlap=False, **kw)
+    assert r.step_seconds < after.step_seconds
+    if compute == 0.5:  # a long backward hides all but the last bucket and the control message
+        last = buckets(P, mb)[-1]
+        chunk = math.ceil(last / (8 * p))
+        tail = codec_per_elem * last + alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+        control = allreduce_best(p, wire.CONTROL.nbytes)
+        assert r.exposed_communication_seconds == pytest.approx(tail + control, rel=0.01)
 
 
 def test_pbit_composite_sends_the_field_width_for_n_ranks():
@@ -159,3 +197,29 @@ def test_step_bad_input(kwargs, match):
     args.update(kwargs)
     with pytest.raises(ValueError, match=match):
         simulate_step(Cluster(nodes=4), **args)
+
+
+def test_codec_on_compute_cores_adds_to_backward_and_hides_only_communication():
+    """CPU ranks (profile.codec_on_compute): each bucket's codec runs on the cores that compute, so backward
+    lasts the codecs longer and only the collectives overlap it."""
+    from lioncub.simulator import get_profile
+
+    p, P, mb, compute = 4, 30_000_000, 25, 0.3
+    cluster = Cluster(nodes=p, bandwidth="10Gbit", latency=A)
+    ideal = get_profile("ideal")
+    cpu = ideal.replace(codec_on_compute=True)
+    kw = dict(params=P, bucket_mb=mb, compute_seconds=compute, memory_bandwidth=MEM)
+    gpu_like = simulate_step(cluster, "vote-1bit", backend=ideal, **kw)
+    r = simulate_step(cluster, "vote-1bit", backend=cpu, **kw)
+    codec_per_elem = r.codec_seconds / P
+    fwd, bwd = compute / 3, compute * 2 / 3 + r.codec_seconds
+    end, done = fwd, 0
+    for e in buckets(P, mb):
+        done += e
+        chunk = math.ceil(e / (8 * p))
+        end = max(end, fwd + bwd * done / P) + alltoall_best(p, p * chunk) + allgather_best(p, p * chunk * 2)
+    end = max(end, fwd + bwd) + allreduce_best(p, 4)
+    assert r.codec_seconds == pytest.approx(gpu_like.codec_seconds) and codec_per_elem > 0
+    assert r.exposed_communication_seconds == pytest.approx(end - (fwd + bwd), rel=0.01)
+    assert r.step_seconds == pytest.approx(compute + r.codec_seconds + (end - fwd - bwd) + 20 * P / MEM, rel=0.01)
+    assert r.step_seconds > gpu_like.step_seconds

@@ -11,7 +11,7 @@ The search itself imports no torch; only `--pilot` does (it trains).
 
 The search space
 ----------------
-* method: the six of `lioncub.wire.METHODS`;
+* method: every method of `lioncub.methods` (`lioncub.methods.NAMES`);
 * l1-pbit levels: the default `127 // N`, and (for N > 4) for each wider p-bit field the most levels that
   fit in it (up to 4 more bits, at most 127): more levels cost bytes and lower the quantization risk;
 * bucket size (MiB of fp32 gradients): 4, 25, 100 (sizes that give the same buckets are one candidate);
@@ -24,7 +24,8 @@ The search space
   planned run times the simulated cost of one sync (the simulator's own amortization, made exact).
 
 The convergence risk rule (see `risk`) and the pilot ranking (see `run_pilots`) are documented where they
-are defined and in docs/AUTOTUNE.md.
+are defined and in docs/AUTOTUNE.md; `recommend` picks from the search and `pilot_verdict` lets a pilot
+overrule that pick.
 """
 
 from .cli import format_pilot, format_table, register, run
@@ -41,7 +42,7 @@ from .models import (
     builtin_params,
     model_spec,
 )
-from .pilot import PILOT_RUNNERS, TARGET_AT, pilot_candidates, pilot_to_dict, run_pilots, smoothed
+from .pilot import PILOT_RUNNERS, TARGET_AT, pilot_candidates, pilot_to_dict, pilot_verdict, run_pilots, smoothed
 from .risk_rule import MEASURED_AT, RISK_LEVELS, RISK_RULE, level_of, parse_max_risk, risk, unsynced_share
 from .risk_rule import _sync_steps as _sync_steps  # the tests check it against the schedules
 from .space import (
@@ -65,5 +66,5 @@ __all__ = ["BASELINE_BUCKET_MB", "BUILTIN", "CLUSTER_PRESETS", "DEFAULT_BUCKETS_
            "ModelSpec", "SearchResult", "build_config", "builtin_params", "collective_section",
            "default_schedules", "format_pilot", "format_table", "l1_levels_candidates", "level_of",
            "make_cluster", "model_spec", "normalize_schedule", "parse_max_risk", "pilot_candidates",
-           "pilot_to_dict", "recommend", "register", "risk", "run", "run_pilots", "search", "search_info",
-           "smoothed", "unsynced_share", "write_config"]
+           "pilot_to_dict", "pilot_verdict", "recommend", "register", "risk", "run", "run_pilots", "search",
+           "search_info", "smoothed", "unsynced_share", "write_config"]

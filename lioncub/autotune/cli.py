@@ -5,18 +5,28 @@ from __future__ import annotations
 import json
 import math
 import sys
+from dataclasses import dataclass
 
-from lioncub import wire
-from lioncub.simulator import get_profile
+from lioncub import methods
+from lioncub.paths import check_writable
+from lioncub.simulator import Cluster, get_profile
 from lioncub.simulator.profiles import BackendProfile
 from lioncub.simulator.units import format_size, format_time
 
 from .clusters import CLUSTER_PRESETS, make_cluster
 from .config import build_config, search_info, write_config
-from .models import BUILTIN, DEFAULT_GPU, DEFAULT_TOKENS, GPUS, PRESETS, UTILIZATION, model_spec
-from .pilot import PILOT_RUNNERS, pilot_candidates, pilot_to_dict, run_pilots
+from .models import BUILTIN, DEFAULT_GPU, DEFAULT_TOKENS, GPUS, PRESETS, UTILIZATION, ModelSpec, model_spec
+from .pilot import PILOT_RUNNERS, pilot_candidates, pilot_to_dict, pilot_verdict, run_pilots
 from .risk_rule import RISK_LEVELS, RISK_RULE, parse_max_risk
-from .space import BASELINE_BUCKET_MB, DEFAULT_BUCKETS_MB, Candidate, normalize_schedule, recommend, search
+from .space import (
+    BASELINE_BUCKET_MB,
+    DEFAULT_BUCKETS_MB,
+    Candidate,
+    SearchResult,
+    normalize_schedule,
+    recommend,
+    search,
+)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -32,7 +42,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
     body = []
     for i, c in enumerate(rows, 1):
         row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
-               "-" if c.method == "allreduce" else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
+               "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
         if hierarchical is not None:
@@ -116,7 +126,7 @@ def register(sub) -> None:
                    help="communication library (default nccl; gloo for the built-in models, which train on CPU)")
     c.add_argument("--calibration", metavar="FILE", help="simulator backend profile JSON (from a calibration run)")
     s = p.add_argument_group("search")
-    s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(wire.METHODS))
+    s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(methods.NAMES))
     s.add_argument("--bucket-mb", help="comma-separated bucket sizes in MiB (default 4,25,100)")
     s.add_argument("--momentum-sync", help="comma-separated schedules to try: none, K, every:K, first:K:M, "
                                            "geometric:K (default: none, every:1..1024, first:1:M, first:8:M "
@@ -176,8 +186,45 @@ def _float(t):
         raise ValueError(f"not a number: {t!r}") from None
 
 
-def run(args) -> int:
-    say = (lambda *a: None) if args.json else print
+def _check(args) -> None:
+    """The flags' own constraints, checked before a long search."""
+    if args.top is not None and args.top < 1:
+        raise ValueError(f"--top must be >= 1, got {args.top}")
+    if not args.min_speedup > 0:
+        raise ValueError(f"--min-speedup must be positive, got {args.min_speedup}")
+    if args.pilot is not None:
+        if args.pilot < 1:
+            raise ValueError(f"--pilot needs a positive number of steps, got {args.pilot}")
+        if args.pilot_ranks is not None and args.pilot_ranks < 1:
+            raise ValueError(f"--pilot-ranks must be >= 1, got {args.pilot_ranks}")
+        if args.pilot_top < 1:
+            raise ValueError(f"--pilot-top must be >= 1, got {args.pilot_top}")
+        if args.pilot_model is not None and args.pilot_model not in BUILTIN:
+            raise ValueError(f"--pilot-model must be a built-in model ({', '.join(BUILTIN)}), not {args.pilot_model!r}")
+        if args.pilot_on not in PILOT_RUNNERS:
+            raise ValueError(f"unknown --pilot-on {args.pilot_on!r}; choose one of: {', '.join(PILOT_RUNNERS)}")
+    if args.output:
+        check_writable(args.output, "--output")
+
+
+@dataclass
+class _Setup:
+    """What the flags describe: the model, the cluster and its backend, and the search space."""
+
+    model: ModelSpec
+    cluster: Cluster
+    cluster_desc: str
+    backend: str
+    profile: BackendProfile
+    steps: int
+    memory_bandwidth: object
+    max_risk: float
+    methods: list
+    buckets: list
+    schedules: list | None
+
+
+def _setup(args) -> _Setup:
     model = model_spec(args.model, args.params, batch=args.batch, seq_len=args.seq_len, tokens=args.tokens,
                        block_size=args.block_size, compute_seconds=args.compute_seconds, flops=args.flops,
                        gpu=args.gpu)
@@ -189,40 +236,33 @@ def run(args) -> int:
         profile = BackendProfile.load(args.calibration, base=backend)
     else:
         profile = get_profile(backend)
-    steps = args.steps if args.steps is not None else (200 if model.builtin else 10_000)
-    mem_bw = args.memory_bandwidth if args.memory_bandwidth is not None else GPUS[args.gpu]["memory_bandwidth"]
-    max_risk = parse_max_risk(args.max_risk)
-    methods = _csv(args.methods, wire.check_method, "--methods") or list(wire.METHODS)
-    buckets = _csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB)
-    scheds = _csv(args.momentum_sync, normalize_schedule, "--momentum-sync")
-    if args.top is not None and args.top < 1:
-        raise ValueError(f"--top must be >= 1, got {args.top}")
-    if not args.min_speedup > 0:
-        raise ValueError(f"--min-speedup must be positive, got {args.min_speedup}")
-    if args.pilot is not None:  # check pilot inputs before a long search
-        if args.pilot < 1:
-            raise ValueError(f"--pilot needs a positive number of steps, got {args.pilot}")
-        if args.pilot_ranks is not None and args.pilot_ranks < 1:
-            raise ValueError(f"--pilot-ranks must be >= 1, got {args.pilot_ranks}")
-        if args.pilot_top < 1:
-            raise ValueError(f"--pilot-top must be >= 1, got {args.pilot_top}")
-        if args.pilot_model is not None and args.pilot_model not in BUILTIN:
-            raise ValueError(f"--pilot-model must be a built-in model ({', '.join(BUILTIN)}), not {args.pilot_model!r}")
-        if args.pilot_on not in PILOT_RUNNERS:
-            raise ValueError(f"unknown --pilot-on {args.pilot_on!r}; choose one of: {', '.join(PILOT_RUNNERS)}")
+    return _Setup(
+        model=model, cluster=cluster, cluster_desc=cdesc, backend=backend, profile=profile,
+        steps=args.steps if args.steps is not None else (200 if model.builtin else 10_000),
+        memory_bandwidth=(args.memory_bandwidth if args.memory_bandwidth is not None
+                          else GPUS[args.gpu]["memory_bandwidth"]),
+        max_risk=parse_max_risk(args.max_risk),
+        methods=_csv(args.methods, methods.check, "--methods") or list(methods.NAMES),
+        buckets=_csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB),
+        schedules=_csv(args.momentum_sync, normalize_schedule, "--momentum-sync"))
 
-    result = search(cluster, model.params, model.compute_seconds, backend=profile, steps=steps, methods=methods,
-                    bucket_mbs=buckets, momentum_syncs=scheds, levels=args.levels, algorithms=args.algorithms,
-                    max_risk=max_risk, memory_bandwidth=mem_bw, overlap=not args.no_overlap,
-                    progress=sys.stderr.isatty() and not args.json)
-    rec, verdict = recommend(result, args.min_speedup)
 
+def _search(args, st: _Setup) -> SearchResult:
+    return search(st.cluster, st.model.params, st.model.compute_seconds, backend=st.profile, steps=st.steps,
+                  methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
+                  algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
+                  overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json)
+
+
+def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate | None) -> None:
+    """What was searched, the baseline, and the ranked table."""
+    model = st.model
     say(f"model    {model.name}: {model.params / 1e6:.4g}M parameters; compute {model.compute_basis}")
     if model.builtin and args.compute_seconds is None and args.flops is None:
         say("         (built-in models train on CPU here: pass --compute-seconds, e.g. the compute_seconds "
             "that `lioncub train --json` reports)")
-    say(f"cluster  {cdesc}; backend {profile.name}" + (f" (calibration {args.calibration})" if args.calibration
-                                                          else ""))
+    say(f"cluster  {st.cluster_desc}; backend {st.profile.name}"
+        + (f" (calibration {args.calibration})" if args.calibration else ""))
     base = result.baseline
     say(f"baseline allreduce (fp32 DDP, {BASELINE_BUCKET_MB:g} MiB buckets): {format_time(base['step_seconds'])}"
         f"/step, exposed communication {format_time(base['exposed_communication_seconds'])}, "
@@ -230,12 +270,12 @@ def run(args) -> int:
     sp = result.space
     say(f"search   {len(sp['methods'])} methods x l1 levels {sp['l1_levels']} x buckets "
         f"{', '.join(f'{b:g}' for b in sp['bucket_mb'])} MiB x layouts {'/'.join(sp['layouts'])} x "
-        f"{len(sp['momentum_syncs'])} sync schedules over a {steps}-step run: {len(result.candidates)} "
+        f"{len(sp['momentum_syncs'])} sync schedules over a {st.steps}-step run: {len(result.candidates)} "
         f"configurations in {result.seconds:.2f} s ({result.collectives_simulated} collectives simulated)")
-    names = dict(RISK_LEVELS)
+    levels = dict(RISK_LEVELS)
     name = str(args.max_risk).strip().lower()
-    bound = ("none" if math.isinf(max_risk) else f"score < {names[name]:g}" if name in names
-             else f"score <= {max_risk:.4g}")
+    bound = ("none" if math.isinf(st.max_risk) else f"score < {levels[name]:g}" if name in levels
+             else f"score <= {st.max_risk:.4g}")
     say(f"risk     bound {args.max_risk} ({bound}): {len(result.ranked)} configurations within it, "
         f"{len(result.candidates) - len(result.ranked)} over it")
     say("")
@@ -247,64 +287,85 @@ def run(args) -> int:
         "predicted step time (speedup over the baseline above; bytes sent per rank per step"
         + ("; hierarchical: the same with a hierarchical allreduce, a what-if" if twins else "") + "):")
     say(format_table(rows, rec, twins))
-    excluded = [m for m in methods if m not in {c.method for c in result.ranked}]
+    excluded = [m for m in st.methods if m not in {c.method for c in result.ranked}]
     if excluded:
         say(f"  over --max-risk in every configuration: {', '.join(excluded)}")
     say("")
 
+
+def _pilot(say, args, st: _Setup, result: SearchResult) -> dict:
+    """Train the top candidates briefly (the only phase that imports torch)."""
+    model = st.model
+    pmodel = args.pilot_model or (model.name if model.builtin else "char-tiny")
+    pranks = args.pilot_ranks or min(st.cluster.ranks, 4)
+    say(f"pilot    {'built-in ' + pmodel if model.builtin and pmodel == model.name else pmodel + ' as a proxy'}"
+        f", {args.pilot} steps, {pranks} rank(s) via {args.pilot_on}:")
+    cands = pilot_candidates(result.ranked, args.pilot_top, args.pilot)
+    pilot = run_pilots(cands, steps=args.pilot, ranks=pranks, model=pmodel,
+                       batch_size=model.batch_size if pmodel == model.name else None,
+                       block_size=model.block_size if pmodel == model.name else None, lr=args.lr,
+                       target_loss=args.target_loss, runner=args.pilot_on, cluster=st.cluster, log=say)
+    say(format_pilot(pilot))
+    return pilot
+
+
+def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None) -> None:
+    say(f"verdict: {verdict}")
+    if rec is None:
+        return
+    say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}/step ({rec.speedup:.2f}x), "
+        f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
+    say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
+        + ")")
+    env = cfg["collective"]["env"]
+    if env:
+        say("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+
+
+def _json_summary(args, st: _Setup, result: SearchResult, cfg: dict | None, verdict: str,
+                  pilot: dict | None) -> dict:
+    out = {"recommended": cfg, "verdict": verdict,
+           "ranked": [dict(rank=i, **c.to_dict()) for i, c in enumerate(result.ranked[: args.top] if args.top
+                                                                       else result.ranked, 1)],
+           "best_per_method": [c.to_dict() for c in result.best_per_method()],
+           "baseline": {k: v for k, v in result.baseline.items() if k != "collectives"},
+           "model": st.model.to_dict(), "cluster": {**st.cluster.to_dict(), "description": st.cluster_desc,
+                                                    "backend": st.profile.name},
+           "search": search_info(result)}
+    if pilot is not None:
+        out["pilot"] = pilot_to_dict(pilot)
+    return out
+
+
+def run(args) -> int:
+    """`lioncub autotune`: check the flags, search, recommend (a pilot may overrule the simulator's pick:
+    `pilot_verdict`), write the configuration, print."""
+    say = (lambda *a: None) if args.json else print
+    st = _setup(args)
+    _check(args)
+    result = _search(args, st)
+    rec, verdict = recommend(result, args.min_speedup)
+    _report_search(say, args, st, result, rec)
+
     pilot = None
     if args.pilot is not None and rec is not None:
-        pmodel = args.pilot_model or (model.name if model.builtin else "char-tiny")
-        pranks = args.pilot_ranks or min(cluster.ranks, 4)
-        say(f"pilot    {'built-in ' + pmodel if model.builtin and pmodel == model.name else pmodel + ' as a proxy'}"
-            f", {args.pilot} steps, {pranks} rank(s) via {args.pilot_on}:")
-        cands = pilot_candidates(result.ranked, args.pilot_top, args.pilot)
-        pilot = run_pilots(cands, steps=args.pilot, ranks=pranks, model=pmodel,
-                           batch_size=model.batch_size if pmodel == model.name else None,
-                           block_size=model.block_size if pmodel == model.name else None, lr=args.lr,
-                           target_loss=args.target_loss, runner=args.pilot_on, cluster=cluster, log=say)
-        say(format_pilot(pilot))
-        first = pilot["runs"][0]
-        if first["time_to_target"] is not None and first["candidate"] is not rec:
-            verdict = (f"the pilot overrides the simulator's pick ({rec.label()}): {first['candidate'].label()} "
-                       f"reaches the target loss first in predicted time ({format_time(first['time_to_target'])}"
-                       f" = {first['steps_to_target']} steps x {format_time(first['candidate'].step_seconds)}).")
-            rec = first["candidate"]
-        elif first["time_to_target"] is not None:
-            verdict += " The pilot agrees: it reaches the target loss first in predicted time."
+        pilot = _pilot(say, args, st, result)
+        rec, verdict = pilot_verdict(rec, verdict, pilot)
         say("")
 
     cfg = None
     if rec is not None:
-        cfg = build_config(rec, result, model, cluster, cdesc, profile, verdict, steps=steps, lr=args.lr,
-                           calibration=args.calibration, backend=backend)
+        cfg = build_config(rec, result, st.model, st.cluster, st.cluster_desc, st.profile, verdict, steps=st.steps,
+                           lr=args.lr, calibration=args.calibration, backend=st.backend)
         if pilot is not None:
             cfg["pilot"] = pilot_to_dict(pilot)
-    say(f"verdict: {verdict}")
-    if rec is not None:
-        say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}/step ({rec.speedup:.2f}x), "
-            f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
-        say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
-            + ")")
-        env = cfg["collective"]["env"]
-        if env:
-            say("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))
+    _report_recommendation(say, verdict, rec, cfg)
     if args.output:
         if cfg is None:
             raise ValueError("nothing to write: no configuration is within --max-risk")
         write_config(cfg, args.output)
-        say(f"wrote {args.output}" + ("  (lioncub train --config " + args.output + ")" if model.builtin else ""))
+        say(f"wrote {args.output}" + ("  (lioncub train --config " + args.output + ")" if st.model.builtin else ""))
     if args.json:
-        out = {"recommended": cfg, "verdict": verdict,
-               "ranked": [dict(rank=i, **c.to_dict()) for i, c in enumerate(result.ranked[: args.top] if args.top
-                                                                           else result.ranked, 1)],
-               "best_per_method": [c.to_dict() for c in result.best_per_method()],
-               "baseline": {k: v for k, v in base.items() if k != "collectives"},
-               "model": model.to_dict(), "cluster": {**cluster.to_dict(), "description": cdesc,
-                                                     "backend": profile.name},
-               "search": search_info(result)}
-        if pilot is not None:
-            out["pilot"] = pilot_to_dict(pilot)
-        json.dump(out, sys.stdout, indent=2, default=str)
+        json.dump(_json_summary(args, st, result, cfg, verdict, pilot), sys.stdout, indent=2, default=str)
         sys.stdout.write("\n")
     return 0

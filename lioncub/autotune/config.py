@@ -9,7 +9,7 @@ from lioncub.simulator import Cluster
 from lioncub.simulator.profiles import BackendProfile
 
 from .models import ModelSpec
-from .risk_rule import RISK_RULE
+from .risk_rule import RISK_RULE, dense_warmup_for
 from .space import BASELINE_BUCKET_MB, Candidate, SearchResult
 
 NCCL_ALGO = {"ring": "Ring", "binomial-tree": "Tree"}
@@ -39,7 +39,7 @@ def collective_section(c: Candidate, backend: str) -> dict:
                                 "usually picks it by itself)")
         else:
             sec["notes"].append(f"the prediction uses {'/'.join(sorted(bulk))} for the bulk allreduces"
-                                + (f" and {'/'.join(sorted(control))} for the 4-byte control allreduce" if control
+                                + (f" and {'/'.join(sorted(control))} for the small control allreduce" if control
                                    else "") + ", chosen per message size as NCCL's tuner does: leave NCCL_ALGO unset")
     elif backend == "gloo":
         sec["notes"].append("torch's Gloo backend picks its algorithms itself (not selectable); the prediction "
@@ -52,13 +52,13 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
                  calibration: str | None = None, backend: str | None = None) -> dict:
     """The JSON config: `LionCub(params, **cfg["optimizer"])` and `lioncub train --config FILE` accept it."""
     opt = {"method": c.method, "bucket_mb": c.bucket_mb,
-           "momentum_sync": None if c.momentum_sync == "none" or c.method == "allreduce" else c.momentum_sync}
-    if c.method == "l1-pbit":
-        opt["levels"] = c.levels
-    train = {"method": c.method, "momentum_sync": "none" if c.method == "allreduce" else c.momentum_sync,
-             "bucket_mb": c.bucket_mb}
-    if c.method == "l1-pbit":
-        train["levels"] = c.levels
+           "momentum_sync": None if c.momentum_sync == "none" or c.dense else c.momentum_sync}
+    train = {"method": c.method, "momentum_sync": "none" if c.dense else c.momentum_sync, "bucket_mb": c.bucket_mb}
+    if c.levels is not None:
+        opt["levels"] = train["levels"] = c.levels
+    warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)
+    if warmup:
+        opt["dense_warmup"] = train["dense_warmup"] = warmup
     if model.builtin:
         train = {"model": model.name, **train, "steps": steps, "batch_size": model.batch_size}
         if model.name != "mlp":

@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from lioncub.simulator import Cluster
+from lioncub.simulator.units import format_time
 
 from .models import BUILTIN
 from .risk_rule import _sync_steps
@@ -43,7 +44,7 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
     ar = next((c for c in flat if c.method == "allreduce"), None)
     for c in flat:
         key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)))
-        if c.method == "allreduce" or key in seen:
+        if c.dense or key in seen:
             continue
         seen.add(key)
         out.append(c)
@@ -89,8 +90,8 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
     window = max(1, steps // 10)
     runs = []
     for c in cands:
-        kw = dict(model=model, method=c.method, levels=c.levels if c.method == "l1-pbit" else None,
-                  momentum_sync="none" if c.method == "allreduce" else c.momentum_sync, steps=steps,
+        kw = dict(model=model, method=c.method, levels=c.levels,
+                  momentum_sync="none" if c.dense else c.momentum_sync, steps=steps,
                   bucket_mb=c.bucket_mb, seed=seed, warmup=min(10, steps // 10))
         if batch_size:
             kw["batch_size"] = batch_size
@@ -122,6 +123,21 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
                              r["time_to_target"] if r["time_to_target"] is not None else r["train_loss"]))
     return dict(steps=steps, ranks=ranks, model=model, runner=runner, target_loss=target, target_basis=basis,
                 window=window, runs=runs)
+
+
+def pilot_verdict(rec: Candidate, verdict: str, pilot: dict) -> tuple[Candidate, str]:
+    """The recommendation after a pilot (`recommend`'s pick and verdict, and `run_pilots`' result): the
+    candidate that reached the target loss first in predicted time overrules the simulator's pick; when it
+    is that pick, the verdict says the pilot agrees; when no candidate reached the target, the pick stands."""
+    first = pilot["runs"][0]
+    if first["time_to_target"] is None:
+        return rec, verdict
+    if first["candidate"] is not rec:
+        return first["candidate"], (
+            f"the pilot overrides the simulator's pick ({rec.label()}): {first['candidate'].label()} reaches the "
+            f"target loss first in predicted time ({format_time(first['time_to_target'])} = "
+            f"{first['steps_to_target']} steps x {format_time(first['candidate'].step_seconds)}).")
+    return rec, verdict + " The pilot agrees: it reaches the target loss first in predicted time."
 
 
 def pilot_to_dict(p: dict) -> dict:

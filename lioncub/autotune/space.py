@@ -7,9 +7,11 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 
+import lioncub.methods as registry
 from lioncub import schedules, wire
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
+from lioncub.simulator.step import DDP_BUCKET_MB
 from lioncub.simulator.units import format_time, parse_byte_rate
 
 from .risk_rule import MEASURED_AT, _sync_steps, risk
@@ -20,7 +22,7 @@ from .risk_rule import MEASURED_AT, _sync_steps, risk
 DEFAULT_BUCKETS_MB = (4.0, 25.0, 100.0)
 EVERY_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 GEOMETRIC_KS = (2, 8, 32)
-BASELINE_BUCKET_MB = 25.0  # the reference: PyTorch DDP's default bucket_cap_mb
+BASELINE_BUCKET_MB = DDP_BUCKET_MB  # the reference: PyTorch DDP's default bucket_cap_mb
 
 
 def default_schedules(steps: int) -> list[str]:
@@ -44,14 +46,15 @@ MAX_LEVELS = 127  # Lion Cub's int8-motivated range: more levels than this buy n
 def l1_levels_candidates(ranks: int, extra_bits: int = 4) -> list[int]:
     """The default levels, then for each field up to `extra_bits` wider the most levels that fit in it
     (at most MAX_LEVELS)."""
-    s0 = wire.default_levels(ranks)
-    w0 = wire.field_layout("l1-pbit", ranks, s0).width
+    l1 = registry.get("l1-pbit")
+    s0 = l1.resolve_levels(ranks)
+    w0 = l1.layout(ranks, s0).width
     out = [s0]
     for w in range(w0 + 1, min(wire.MAX_FIELD_WIDTH, w0 + extra_bits) + 1):
         s = (2**w - 1) // (2 * ranks)
         if s > MAX_LEVELS:
             break
-        if s > out[-1] and wire.field_layout("l1-pbit", ranks, s).width == w:
+        if s > out[-1] and l1.layout(ranks, s).width == w:
             out.append(s)
     return out
 
@@ -82,6 +85,11 @@ class Candidate:
     risk: dict = field(default_factory=dict)
 
     @property
+    def dense(self) -> bool:
+        """Gradient averaging (the baseline): no momentum sync, no convergence risk."""
+        return registry.get(self.method).dense
+
+    @property
     def deployable(self) -> bool:
         """LionCub issues flat collectives on one process group: a hierarchical layout is a what-if."""
         return self.layout == "flat"
@@ -108,7 +116,7 @@ class Candidate:
 
     def label(self) -> str:
         s = self.method + (f" s={self.levels}" if self.levels else "")
-        if self.method != "allreduce":
+        if not self.dense:
             s += f", sync {self.momentum_sync}"
         return s + f", {self.bucket_mb:g} MiB, {self.layout}"
 
@@ -152,7 +160,7 @@ def _profile_for(profile: BackendProfile, algorithms: str) -> BackendProfile:
 
 
 def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nccl", steps: int = 10_000,
-           methods=wire.METHODS, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
+           methods=registry.NAMES, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
            progress: bool = False) -> SearchResult:
@@ -167,22 +175,37 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     algorithms: "backend" (the backend's algorithms, plus a hierarchical allreduce layout when there are
         several GPUs per node), "flat" (no hierarchical layout), "all" (every algorithm the simulator
         models for `auto` to choose from, plus hierarchical).
+
+    Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
+    step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
     """
     t0 = time.perf_counter()
+    space = _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, algorithms)
+    profile = _profile_for(get_profile(backend), algorithms)
+    cache = cache if cache is not None else Cache()
+    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=parse_byte_rate(memory_bandwidth),
+                   overlap=overlap, cache=cache)
+    base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
+    cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress)
+    order = {m: i for i, m in enumerate(registry.NAMES)}
+    cands.sort(key=lambda c: (c.step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
+    ranked = [c for c in cands if c.risk["score"] <= max_risk]
+    space = dict(space, algorithms=algorithms, steps=steps,
+                 algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
+    return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
+                        space)
+
+
+def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, algorithms) -> dict:
+    """The configurations to simulate, validated: methods, L1 levels, buckets, layouts, sync schedules."""
     if algorithms not in ("backend", "flat", "all"):
         raise ValueError(f"algorithms must be backend, flat or all, got {algorithms!r}")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps (the planned run length) must be a positive integer, got {steps!r}")
-    methods = list(dict.fromkeys(methods))
+    methods = [registry.check(m) for m in dict.fromkeys(methods)]
     if not methods:
         raise ValueError("no methods to search")
-    for m in methods:
-        wire.check_method(m)
     N = cluster.ranks
-    profile = _profile_for(get_profile(backend), algorithms)
-    cache = cache if cache is not None else Cache()
-    mem_bw = parse_byte_rate(memory_bandwidth)
-
     bucket_mbs = sorted({float(b) for b in bucket_mbs})
     if not bucket_mbs or any(not b > 0 for b in bucket_mbs):
         raise ValueError(f"bucket sizes must be positive MiB, got {bucket_mbs!r}")
@@ -190,9 +213,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     for b in bucket_mbs:
         same.setdefault(_bucket_layout(params, b), []).append(b)
     buckets = sorted(BASELINE_BUCKET_MB if BASELINE_BUCKET_MB in v else v[0] for v in same.values())
-
-    scheds = [normalize_schedule(s) for s in (momentum_syncs or default_schedules(steps))]
-    scheds = list(dict.fromkeys(scheds))
+    scheds = list(dict.fromkeys(normalize_schedule(s) for s in (momentum_syncs or default_schedules(steps))))
     for s in scheds:
         if s.startswith("every:") and int(s.split(":")[1]) > steps:
             raise ValueError(f"momentum sync {s} never syncs in a {steps}-step run (--steps)")
@@ -202,24 +223,22 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     if levels is not None:
         if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
             raise ValueError(f"levels must be a positive integer, got {levels!r}")
-        wire.field_layout("l1-pbit", N, levels)  # raises if it cannot fit
-        l1_levels = [levels]
+        l1_levels = [registry.get("l1-pbit").resolve_levels(N, levels)]  # raises if it cannot fit
     elif N <= MEASURED_AT:  # the risk rule gives more levels no benefit here: they would only cost bytes
-        l1_levels = [wire.default_levels(N)]
+        l1_levels = [registry.get("l1-pbit").resolve_levels(N)]
     else:
         l1_levels = l1_levels_candidates(N)
+    return dict(ranks=N, methods=methods, l1_levels=l1_levels, bucket_mb=buckets, layouts=layouts,
+                momentum_syncs=scheds)
 
-    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=mem_bw, overlap=overlap,
-                   cache=cache)
-    base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
-    base_step = base.step_seconds
 
-    groups = []  # (method, levels, bucket, layout)
-    for m in methods:
-        for lv in (l1_levels if m == "l1-pbit" else [None]):
-            for b in buckets:
-                for lay in layouts:
-                    groups.append((m, lv, b, lay))
+def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress) -> list[Candidate]:
+    """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
+    no-sync step plus their syncs per step times one sync."""
+    N = cluster.ranks
+    groups = [(m, lv, b, lay) for m in space["methods"]
+              for lv in (space["l1_levels"] if registry.get(m).uses_levels else [None])
+              for b in space["bucket_mb"] for lay in space["layouts"]]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -237,13 +256,13 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
 
             r0 = sim(None)
             per_sync = None
-            for s in (["none"] if m == "allreduce" or N == 1 else scheds):
+            for s in (["none"] if registry.get(m).dense or N == 1 else space["momentum_syncs"]):
                 if s == "none":
                     r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
                 elif s.startswith("every:"):
                     r = sim(int(s.split(":")[1]))
                     rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
-                else:  # first / geometric: the no-sync step plus this schedule's syncs per step x one sync
+                else:
                     if per_sync is None:
                         r1 = sim(1)
                         per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank)
@@ -252,7 +271,6 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
                     r, rate = r0, rates[s]
                     extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
                 step = r.step_seconds + extra_t
-                rk = risk(m, N, lv, s, steps, beta2, _share=share)
                 cands.append(Candidate(
                     method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
                     compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
@@ -262,20 +280,13 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
                     momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
                     bytes_per_step=r.bytes_sent_per_rank + extra_b,
                     speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=rk))
+                    collectives=r.collectives, risk=risk(m, N, lv, s, steps, beta2, _share=share)))
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    order = {m: i for i, m in enumerate(wire.METHODS)}
-    cands.sort(key=lambda c: (c.step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
-    ranked = [c for c in cands if c.risk["score"] <= max_risk]
-    space = dict(ranks=N, methods=methods, l1_levels=l1_levels, bucket_mb=buckets, layouts=layouts,
-                 momentum_syncs=scheds, algorithms=algorithms, steps=steps,
-                 algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
-    return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
-                        space)
+    return cands
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -299,8 +310,8 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
     elif best.method == "allreduce":
         verdict = (f"compression does not pay here: the allreduce baseline is fastest "
-                   f"({format_time(best.step_seconds)}/step; its communication mostly hides behind backward, "
-                   f"while lioncub's methods add codec time and communicate after backward). Use allreduce.")
+                   f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
+                   f"the compressed methods' does, and they add codec time). Use allreduce.")
     elif ar is not None and ar.step_seconds / best.step_seconds < min_speedup:
         verdict = (f"compression does not pay enough: the best compressed configuration ({best.label()}) is only "
                    f"{ar.step_seconds / best.step_seconds:.2f}x faster than allreduce (< --min-speedup "

@@ -36,9 +36,10 @@ from __future__ import annotations
 import math
 import statistics
 
-from lioncub import wire
+from lioncub import methods
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_collective, simulate_transfers
-from lioncub.simulator.step import UPDATE_BYTES_PER_PARAM, codec_bytes_per_element
+from lioncub.simulator.collectives import COMPOSITES, composite_elements
+from lioncub.simulator.step import UPDATE_BYTES_PER_PARAM
 
 MiB = 2**20
 TINY = 16 * 1024  # probes at or below this size fit the overheads
@@ -47,7 +48,7 @@ LARGE = 4 * MiB  # probes at or above this size fit the efficiencies and the sta
 
 # measurement op -> simulator op
 SIM_OP = {"allreduce": "allreduce", "allgather": "allgather", "alltoall": "alltoall",
-          "reduce_scatter": "reducescatter", **{op: op for op in wire.COMPOSITE_OPS if op != "allreduce"}}
+          "reduce_scatter": "reducescatter", **{op: op for op in COMPOSITES}}
 FAMILY_OF = {"allreduce": "allreduce", "allgather": "allgather", "reduce_scatter": "reducescatter"}
 
 GLOO_ALGORITHMS = {
@@ -86,12 +87,10 @@ def cluster_for(m: dict, latency: float = 0.0) -> Cluster:
 
 def vote_bytes(op: str, size: float, ranks: int) -> int:
     """Bytes of packed votes the vote kernel reads in one call of a 1-bit composite."""
-    n = wire.composite_elements(int(size))
-    if op == "vote-allgather":
-        return ranks * -(-n // 8)
-    if op == "vote-1bit":
-        return ranks * wire.onebit_chunk_bytes(n, ranks)
-    return 0
+    meth = methods.REGISTRY.get(op)
+    if meth is None or meth.dense or meth.codec.kind != "signs" or ranks < 2:
+        return 0
+    return meth.collectives(composite_elements(int(size)), ranks)[0].nbytes  # the first carries all N rows
 
 
 def predict(profile: BackendProfile, m: dict, latency: float = 0.0) -> float:
@@ -295,7 +294,8 @@ def fit(measurements: list[dict], host_kernels: dict | None = None, base="gloo",
 
     kernels = host_kernel_figures(host_kernels) if host_kernels else {}
     if kernels:
-        profile = profile.replace(reduce_bandwidth=kernels.pop("reduce_bandwidth"), codec_bandwidth=kernels)
+        profile = profile.replace(reduce_bandwidth=kernels.pop("reduce_bandwidth"), codec_bandwidth=kernels,
+                                  codec_on_compute=str(host_kernels.get("device", "cpu")).startswith("cpu"))
     profile = _rounded(profile)
     return profile, report(profile, ms, latency)
 
@@ -314,11 +314,11 @@ def host_kernel_figures(hk: dict) -> dict:
     t_update = sec.get("update")
     if t_update:
         out["update"] = UPDATE_BYTES_PER_PARAM * n / t_update
-        for method in wire.METHODS:
-            if method == "allreduce" or method not in sec:
+        for meth in methods.REGISTRY.values():
+            if meth.dense or meth.name not in sec:
                 continue
-            extra = max(sec[method] - t_update, 0.05 * sec[method])  # the codec's work beyond the update
-            out[method] = codec_bytes_per_element(method, world) * n / extra
+            extra = max(sec[meth.name] - t_update, 0.05 * sec[meth.name])  # the codec's work beyond the update
+            out[meth.name] = meth.codec_bytes_per_element(world) * n / extra
     if "vote" in sec and hk.get("vote_bytes"):
         out["vote"] = float(hk["vote_bytes"]) / sec["vote"]
     return out

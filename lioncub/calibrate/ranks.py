@@ -28,10 +28,10 @@ import statistics
 import sys
 import time
 
-from lioncub import wire
+from lioncub import methods
 
 PROBE_OPS = ("p2p", "allreduce", "allgather", "alltoall", "reduce_scatter")
-CODEC_METHODS = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit")
+CODEC_METHODS = tuple(name for name, m in methods.REGISTRY.items() if not m.dense)
 
 
 def _sync(device) -> None:
@@ -158,54 +158,30 @@ def _median_time(fn, repeat: int = 5) -> float:
 
 
 def _method_work(method: str, n: int, world: int, rank: int, device):
-    """(local work of one bucket of n elements as LionCub.step does it, its vote or None, bytes of votes
-    the vote reads). Mirrors BucketWire.exchange without its collectives."""
+    """The local work of one bucket of n elements as LionCub.step does it: the codec and the method's
+    exchange without its collectives."""
     import torch
 
     from lioncub import kernels
-    from lioncub.transport import BucketWire
 
-    levels = wire.default_levels(world) if method == "l1-pbit" else 0
-    bw = BucketWire(method, n, device, None, levels)
+    meth = methods.get(method)
+    levels = meth.resolve_levels(world)
+    x = meth.exchange(n, device, None, levels=levels, world_size=world)
     gen = torch.Generator().manual_seed(1234 + rank)
     g = torch.randn(n, generator=gen).to(device)
     m = torch.randn(n, generator=gen).to(device)
     p = torch.randn(n, generator=gen).to(device)
     offsets = [0, n]
-    hyper = dict(beta1=0.9, beta2=0.99)
-    vote, vote_bytes = None, 0
-    if method == "vote-1bit":
-        c = bw.chunk
-        vote_bytes = world * c
-
-        def vote():
-            kernels.vote(bw.recv.view(world, c), bw.mine[:c], bw.mine[c:] if bw.planes == 2 else None)
-
-        def decoded():
-            rows = bw.gathered.view(world, bw.planes, c)
-            return rows[:, 0].reshape(-1), rows[:, 1].reshape(-1) if bw.planes == 2 else None
-    elif method == "vote-allgather":
-        vote_bytes = bw.gathered.numel()
-
-        def vote():
-            kernels.vote(bw.gathered.view(world, -1), bw.sign, bw.nonzero)
-
-        def decoded():
-            return bw.sign, bw.nonzero
-    else:
-        def decoded():
-            return bw.code
 
     def work():
-        _, mult = kernels.prepass(method, g, m, beta1=0.9, offsets=offsets, levels=levels)
-        kernels.quantize_pack(method, g, m, bw.code, layout=bw.layout, mult=mult, offsets=offsets,
-                              levels=levels, **hyper)
-        if vote is not None:
-            vote()
-        kernels.unpack_apply(method, p, decoded(), lr=1e-6, wd=0.0, world_size=world, levels=levels,
-                             layout=bw.layout)
+        _, mult = kernels.prepass(meth.codec, g, m, beta1=0.9, offsets=offsets, levels=levels)
+        kernels.quantize_pack(meth.codec, g, m, x.code, layout=x.layout, mult=mult, offsets=offsets,
+                              levels=levels, beta1=0.9, beta2=0.99)
+        x.vote()
+        kernels.unpack_apply(meth.codec, p, x.agreed(), lr=1e-6, wd=0.0, world_size=world, levels=levels,
+                             layout=x.layout)
 
-    return work, vote, vote_bytes
+    return work
 
 
 def run_host_kernels(spec: dict, device, bar=None) -> dict:
@@ -229,7 +205,7 @@ def run_host_kernels(spec: dict, device, bar=None) -> dict:
     if bar is not None:
         bar.update(1)
     for method in spec.get("methods", CODEC_METHODS):
-        work, _, _ = _method_work(method, n, world, rank, device)
+        work = _method_work(method, n, world, rank, device)
         out["seconds"][method] = _median_time(lambda work=work: (work(), _sync(device)))
         if bar is not None:
             bar.update(1)

@@ -22,7 +22,8 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from lioncub import wire
+from lioncub.simulator.collectives import COMPOSITES, composite_collectives
+from lioncub.wire import bus_factor
 
 from . import calibrate_lab
 from .fit import MEANINGS, fit, predict
@@ -31,7 +32,6 @@ MiB = 2**20
 CALIBRATION = (4, 500e6)
 SETTINGS = ((2, 1e9), (3, 250e6), (4, 100e6), (4, 1e9), (6, 250e6), (8, 500e6))
 PRIMITIVES = ("allreduce", "allgather", "alltoall")
-COMPOSITES = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "momentum-sync")
 PRIMITIVE_SIZES = (1 * MiB, 4 * MiB, 16 * MiB, 64 * MiB)
 COMPOSITE_SIZES = (4 * MiB, 16 * MiB, 64 * MiB)
 TARGET_BYTES = 4 * MiB  # the target applies to ops that move at least this much per rank
@@ -43,14 +43,13 @@ def moved_bytes(op: str, size: int, ranks: int) -> int:
     collectives it issues): SIZE itself for a plain op, far less for a compressed composite."""
     if op in PRIMITIVES or op == "momentum-sync":
         return int(size)
-    return sum(c.nbytes for c in wire.vote_collectives(op, wire.composite_elements(int(size)), ranks))
+    return sum(c.nbytes for c in composite_collectives(op, size, ranks))
 
 
 def _line_seconds(op: str, size: int, ranks: int, rate: float) -> float:
     moved = moved_bytes(op, size, ranks)
-    f = (ranks - 1) / ranks
-    if op in ("allreduce", "momentum-sync") or op.endswith("pbit"):
-        f *= 2
+    # the p-bit methods and momentum sync all-reduce; the sign votes gather or exchange
+    f = bus_factor("allreduce" if op in ("allreduce", "momentum-sync") or op.endswith("pbit") else "allgather", ranks)
     if op in ("alltoall", "vote-1bit"):
         f *= 1.7  # Gloo's all-to-all serializes part of its exchanges
     return f * moved / (rate / 8 * 0.95)
@@ -142,6 +141,7 @@ def run(output: str | None = "docs/VALIDATION.md", json_path: str | None = None,
     """Calibrate at `calibration` (ranks, bit/s), measure `settings`, predict, write the markdown. With
     save_profile, also write the calibrated profile there and its provenance beside it (.meta.json)."""
     from lioncub.lab import Lab
+    from lioncub.lab.probes import bench_many
 
     t_start = time.time()
     load_before = os.getloadavg()
@@ -157,7 +157,7 @@ def run(output: str | None = "docs/VALIDATION.md", json_path: str | None = None,
             for ranks, rate in settings:
                 group = [p for p in probes if p["ranks"] == ranks and p["bandwidth"] == rate]
                 bench = [{k: v for k, v in p.items() if k != "round"} for p in group]
-                measured += ticker.group(estimate_seconds(group), lambda bench=bench: lab.bench_many(bench))
+                measured += ticker.group(estimate_seconds(group), lambda bench=bench: bench_many(lab, bench))
     finally:
         ticker.close()
     profile, cal_report = fit(raw["measurements"], raw.get("host_kernels"), base="gloo", name="gloo-lab")
@@ -244,6 +244,13 @@ def _stats(rows: list[dict]) -> dict | None:
             "within_10": sum(e <= 0.10 for e in errs), "within_25": sum(e <= 0.25 for e in errs)}
 
 
+def summary_line(res: dict, output: str | None) -> str:
+    """One line: where the table went and whether the target was met."""
+    t = res["summary"]["target"]
+    return (f"wrote {output}: target rows {t['n'] if t else 0}, median |error| {_pct(t and t['median'])}, "
+            f"worst {_pct(t and t['worst'])} -> target {'met' if res['summary']['target_met'] else 'missed'}")
+
+
 def summarize(rows: list[dict]) -> dict:
     target = [r for r in rows if r["moved"] >= TARGET_BYTES]
     s = {"target": _stats(target), "size_4MiB_up": _stats([r for r in rows if r["size"] >= 4 * MiB]),
@@ -312,78 +319,91 @@ def _stat_row(name: str, s: dict | None) -> str:
 
 
 def render(res: dict) -> str:
-    s, cal = res["summary"], res["calibration"]
-    prof, rep = cal["profile"], cal["report"]
+    """docs/VALIDATION.md from a `run` result: how it was made, the summary against the target, where the
+    target is missed and why, the calibration, every held-out row, and the mechanisms the model learned."""
+    sections = (_intro(res), _method(res), _summary(res), _misses(res), _calibration(res), _held_out(res),
+                [MECHANISMS])
+    return "\n".join(line for section in sections for line in section) + "\n"
+
+
+def _intro(res: dict) -> list[str]:
     m = res["machine"]
-    t = s["target"]
-    rows = res["rows"]
-    misses = [r for r in rows if r["moved"] >= TARGET_BYTES and abs(r["rel_error"]) > TARGET_WORST]
-    L = []
-    L.append("# Validation: the calibrated simulator against the lab\n")
-    L.append("Regenerate with `make validation` (`lioncub lab validate --output docs/VALIDATION.md`, as root; "
-             f"this run took {res['wall_seconds'] / 60:.1f} min). Generated {res['generated']} on {m['cpu']} "
-             f"({m['cores']} cores, shared with other sessions; load average {res['load_before'][0]:.2f} before, "
-             f"{res['load_after'][0]:.2f} after), kernel {m['kernel']}.\n")
-    L.append("## Method\n")
+    return ["# Validation: the calibrated simulator against the lab\n",
+            "Regenerate with `make validation` (`lioncub lab validate --output docs/VALIDATION.md`, as root; "
+            f"this run took {res['wall_seconds'] / 60:.1f} min). Generated {res['generated']} on {m['cpu']} "
+            f"({m['cores']} cores, shared with other sessions; load average {res['load_before'][0]:.2f} before, "
+            f"{res['load_after'][0]:.2f} after), kernel {m['kernel']}.\n"]
+
+
+def _method(res: dict) -> list[str]:
+    cal = res["calibration"]
     flag = _rate(cal["bandwidth_bps"]).replace(" ", "").replace("/s", "") + (" --quick" if cal["quick"] else "")
-    L.append(f"* **Calibration, one setting:** {cal['ranks']} ranks at {_rate(cal['bandwidth_bps'])} "
-             f"(`lioncub calibrate --lab --ranks {cal['ranks']} --bandwidth {flag}`):"
-             " ping-pong, all-reduce, all-gather, all-to-all and reduce-scatter probes from 4 KiB to 32 MiB in two "
-             "rounds, and the optimizer's codec kernels; fitted values below.")
-    L.append("* **Held out:** every other setting in the table: rank counts "
-             + ", ".join(sorted({str(r) for r, _ in res["settings"]}, key=int)) + " and rates "
-             + ", ".join(_rate(b) for b in sorted({b for _, b in res["settings"]}))
-             + "; all-reduce, all-gather, all-to-all (float32, 1 to 64 MiB) and the lioncub composites (the "
-             "optimizer's real transport, `lab bench --op ...`; SIZE = the fp32 bucket, 4 to 64 MiB). Probes whose "
-             "single call would exceed about a second of line time are left out to keep the run short.")
-    L.append("* **Measured:** `lab bench`: each probe 1 warm-up and 3 timed calls, in two rounds (the second in "
-             "reverse order); the figure is the median of its 6 calls, each call's time being its slowest rank's.")
-    L.append("* **Predicted:** from the calibration file alone: `lioncub.calibrate.predict(profile, probe)`, i.e. "
-             "`simulate_collective` on the lab's cluster (N hosts, the rate, no added latency) plus, for the "
-             "1-bit composites, the vote kernel at the calibrated speed.")
-    L.append(f"* **Target:** median |error| <= {TARGET_MEDIAN:.0%} and none worse than {TARGET_WORST:.0%} for "
-             f"transfers of {_size(TARGET_BYTES)} and up. *Moved* is what an op transfers per rank: the bytes of the "
-             "collective buffers it issues (SIZE for a plain op; a compressed composite moves far less than its "
-             "bucket, e.g. vote-1bit on 64 MiB at 4 ranks moves 6 MiB). The target rows are those that move "
-             f"{_size(TARGET_BYTES)} or more; the other rows are shown, and summarized, too.\n")
-    L.append("## Summary\n")
+    return [
+        "## Method\n",
+        f"* **Calibration, one setting:** {cal['ranks']} ranks at {_rate(cal['bandwidth_bps'])} "
+        f"(`lioncub calibrate --lab --ranks {cal['ranks']} --bandwidth {flag}`):"
+        " ping-pong, all-reduce, all-gather, all-to-all and reduce-scatter probes from 4 KiB to 32 MiB in two "
+        "rounds, and the optimizer's codec kernels; fitted values below.",
+        "* **Held out:** every other setting in the table: rank counts "
+        + ", ".join(sorted({str(r) for r, _ in res["settings"]}, key=int)) + " and rates "
+        + ", ".join(_rate(b) for b in sorted({b for _, b in res["settings"]}))
+        + "; all-reduce, all-gather, all-to-all (float32, 1 to 64 MiB) and the lioncub composites (the "
+        "optimizer's real transport, `lab bench --op ...`; SIZE = the fp32 bucket, 4 to 64 MiB). Probes whose "
+        "single call would exceed about a second of line time are left out to keep the run short.",
+        "* **Measured:** `lab bench`: each probe 1 warm-up and 3 timed calls, in two rounds (the second in "
+        "reverse order); the figure is the median of its 6 calls, each call's time being its slowest rank's.",
+        "* **Predicted:** from the calibration file alone: `lioncub.calibrate.predict(profile, probe)`, i.e. "
+        "`simulate_collective` on the lab's cluster (N hosts, the rate, no added latency) plus, for the "
+        "1-bit composites, the vote kernel at the calibrated speed.",
+        f"* **Target:** median |error| <= {TARGET_MEDIAN:.0%} and none worse than {TARGET_WORST:.0%} for "
+        f"transfers of {_size(TARGET_BYTES)} and up. *Moved* is what an op transfers per rank: the bytes of the "
+        "collective buffers it issues (SIZE for a plain op; a compressed composite moves far less than its "
+        "bucket, e.g. vote-1bit on 64 MiB at 4 ranks moves 6 MiB). The target rows are those that move "
+        f"{_size(TARGET_BYTES)} or more; the other rows are shown, and summarized, too.\n"]
+
+
+def _stat_table(first: str, rows) -> list[str]:
+    return ([f"| {first} | n | median \\|error\\| | worst \\|error\\| | within 10% | within 25% |",
+             "|---|---:|---:|---:|---:|---:|"] + [_stat_row(name, st) for name, st in rows])
+
+
+def _summary(res: dict) -> list[str]:
+    s = res["summary"]
+    t = s["target"]
+    L = ["## Summary\n"]
     verdict = "**met**" if s["target_met"] else "**missed**"
     if t:
         L.append(f"Target {verdict}: over the {t['n']} held-out rows that move {_size(TARGET_BYTES)} or more, the "
                  f"median absolute error is **{_pct(t['median'])}** and the worst **{_pct(t['worst'])}** "
                  f"({t['n'] - t['within_25']} row{'' if t['n'] - t['within_25'] == 1 else 's'} worse than "
                  f"{TARGET_WORST:.0%}).\n")
-    L.append("| rows | n | median \\|error\\| | worst \\|error\\| | within 10% | within 25% |")
-    L.append("|---|---:|---:|---:|---:|---:|")
-    L.append(_stat_row(f"target: moved >= {_size(TARGET_BYTES)}", t))
-    L.append(_stat_row("SIZE >= 4 MiB (composites by bucket)", s["size_4MiB_up"]))
-    L.append(_stat_row("all rows", s["all"]))
+    L += _stat_table("rows", [(f"target: moved >= {_size(TARGET_BYTES)}", t),
+                              ("SIZE >= 4 MiB (composites by bucket)", s["size_4MiB_up"]), ("all rows", s["all"])])
+    L += ["", "Target rows by op and by setting:\n"]
+    L += _stat_table("op", s["by_op"].items())
     L.append("")
-    L.append("Target rows by op and by setting:\n")
-    L.append("| op | n | median \\|error\\| | worst \\|error\\| | within 10% | within 25% |")
-    L.append("|---|---:|---:|---:|---:|---:|")
-    for op, st in s["by_op"].items():
-        L.append(_stat_row(op, st))
+    L += _stat_table("setting", s["by_setting"].items())
     L.append("")
-    L.append("| setting | n | median \\|error\\| | worst \\|error\\| | within 10% | within 25% |")
-    L.append("|---|---:|---:|---:|---:|---:|")
-    for name, st in s["by_setting"].items():
-        L.append(_stat_row(name, st))
-    L.append("")
-    L.append(f"## Where the target is missed (moved >= {_size(TARGET_BYTES)}, |error| > {TARGET_WORST:.0%})\n")
+    return L
+
+
+def _misses(res: dict) -> list[str]:
+    misses = [r for r in res["rows"] if r["moved"] >= TARGET_BYTES and abs(r["rel_error"]) > TARGET_WORST]
+    L = [f"## Where the target is missed (moved >= {_size(TARGET_BYTES)}, |error| > {TARGET_WORST:.0%})\n"]
     if not misses:
-        L.append("Nowhere.\n")
-    else:
-        L.append("| ranks | rate | op | SIZE | measured ms | min ms | predicted ms | error | why |")
-        L.append("|---:|---|---|---:|---:|---:|---:|---:|---|")
-        for r in misses:
-            L.append(f"| {r['ranks']} | {_rate(r['bandwidth_bps'])} | {r['op']} | {_size(r['size'])} | "
-                     f"{_ms(r['measured'])} | {_ms(r['min'])} | {_ms(r['predicted'])} | {100 * r['rel_error']:+.1f}% "
-                     f"| {explain(r)} |")
-        L.append("")
-    L.append("## The calibration (fitted at the one setting)\n")
-    L.append("| parameter | value | meaning |")
-    L.append("|---|---|---|")
+        return L + ["Nowhere.\n"]
+    L += ["| ranks | rate | op | SIZE | measured ms | min ms | predicted ms | error | why |",
+          "|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in misses:
+        L.append(f"| {r['ranks']} | {_rate(r['bandwidth_bps'])} | {r['op']} | {_size(r['size'])} | "
+                 f"{_ms(r['measured'])} | {_ms(r['min'])} | {_ms(r['predicted'])} | {100 * r['rel_error']:+.1f}% "
+                 f"| {explain(r)} |")
+    return L + [""]
+
+
+def _calibration(res: dict) -> list[str]:
+    prof, rep = res["calibration"]["profile"], res["calibration"]["report"]
+    L = ["## The calibration (fitted at the one setting)\n", "| parameter | value | meaning |", "|---|---|---|"]
     for k, meaning in MEANINGS.items():
         v = prof[k]
         if isinstance(v, dict):
@@ -394,24 +414,23 @@ def render(res: dict) -> str:
     L.append(f"\nFit residuals at the calibration setting: median {_pct(rep['median_abs_rel_error'])}, worst "
              f"{_pct(rep['max_abs_rel_error'])} (small probes are fitted to the fastest call, the others to the "
              "median).\n")
-    L.append("| probe | size | measured | predicted | error |")
-    L.append("|---|---:|---:|---:|---:|")
+    L += ["| probe | size | measured | predicted | error |", "|---|---:|---:|---:|---:|"]
     for r in rep["residuals"]:
         L.append(f"| {r['op']} | {_size(r['size'])} | {_ms(r['measured'])} ms ({r['statistic']}) | "
                  f"{_ms(r['predicted'])} ms | {100 * r['rel_error']:+.1f}% |")
-    L.append("")
-    L.append("## Held-out measurements and predictions\n")
-    L.append("Times in ms. *target* marks the rows the target applies to.\n")
-    L.append("| ranks | rate | op | SIZE | moved | measured (median) | min | predicted | error | target |")
-    L.append("|---:|---|---|---:|---:|---:|---:|---:|---:|:---:|")
-    for r in rows:
+    return L + [""]
+
+
+def _held_out(res: dict) -> list[str]:
+    L = ["## Held-out measurements and predictions\n", "Times in ms. *target* marks the rows the target applies to.\n",
+         "| ranks | rate | op | SIZE | moved | measured (median) | min | predicted | error | target |",
+         "|---:|---|---|---:|---:|---:|---:|---:|---:|:---:|"]
+    for r in res["rows"]:
         mark = "" if r["moved"] < TARGET_BYTES else ("yes" if abs(r["rel_error"]) <= TARGET_WORST else "**miss**")
         L.append(f"| {r['ranks']} | {_rate(r['bandwidth_bps'])} | {r['op']} | {_size(r['size'])} | "
                  f"{_size(r['moved'])} | {_ms(r['measured'])} | {_ms(r['min'])} | {_ms(r['predicted'])} | "
                  f"{100 * r['rel_error']:+.1f}% | {mark} |")
-    L.append("")
-    L.append(MECHANISMS)
-    return "\n".join(L) + "\n"
+    return L + [""]
 
 
 MECHANISMS = """## What the model had to learn about the lab and Gloo
@@ -438,32 +457,3 @@ Gloo's source, not as corrections of the final answer:
 * **Host kernels:** the vote of the 1-bit methods runs between or after their collectives, on the CPU
   cores all ranks share; its speed is measured at calibration and added to the transport's time.
 """
-
-
-# ---- `lioncub lab validate` -----------------------------------------------------------------------------
-def register_lab_validate(lsub, guard) -> None:
-    v = lsub.add_parser(
-        "validate",
-        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
-        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
-        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
-        "from the calibration, and write the table of predicted against measured with the median and "
-        "worst error. Needs root; about 8 minutes (--quick: about 3).",
-    )
-    v.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
-    v.add_argument("--json", default=None, metavar="FILE", help="also write every measurement and prediction")
-    v.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
-    v.add_argument("--save-profile", default=None, metavar="FILE",
-                   help="also write the calibrated profile (and FILE.meta.json, its provenance); "
-                   "lioncub/data/gloo-lab.json is made this way")
-    v.add_argument("--no-progress", action="store_true", help="no progress bar")
-    v.set_defaults(func=guard(_validate))
-
-
-def _validate(args) -> int:
-    res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
-              save_profile=args.save_profile)
-    t = res["summary"]["target"]
-    print(f"wrote {args.output}: target rows {t['n'] if t else 0}, median |error| {_pct(t and t['median'])}, "
-          f"worst {_pct(t and t['worst'])} -> target {'met' if res['summary']['target_met'] else 'missed'}")
-    return 0

@@ -1,4 +1,7 @@
-"""`lioncub lab {up,down,list,clean,bench,run}`. Imports stay light: torch loads only in the ranks."""
+"""`lioncub lab {up,down,list,clean,bench,run,validate}`. Imports stay light: torch loads only in the ranks.
+
+`lab validate` is registered here and implemented by lioncub.calibrate (imported only when it runs).
+"""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ def register(sub) -> None:
     clean.add_argument("--all", action="store_true", help="also remove live runs and `lab up` labs")
     clean.set_defaults(func=_clean)
 
-    from .bench import DTYPES, OPS
+    from .probes import DTYPES, OPS
 
     bench = lsub.add_parser(
         "bench",
@@ -79,11 +82,23 @@ def register(sub) -> None:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_run)
 
-    # -- lioncub.calibrate: `lab validate` (calibrate from one setting, predict held-out settings) --
-    from lioncub.calibrate.validate import register_lab_validate
-
-    register_lab_validate(lsub, _guard)
-    # -- end lioncub.calibrate --
+    validate = lsub.add_parser(
+        "validate",
+        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
+        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
+        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
+        "from the calibration, and write the table of predicted against measured with the median and "
+        "worst error. Needs root; about 8 minutes (--quick: about 3).",
+    )
+    validate.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
+    validate.add_argument("--json", default=None, metavar="FILE",
+                          help="also write every measurement and prediction")
+    validate.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
+    validate.add_argument("--save-profile", default=None, metavar="FILE",
+                          help="also write the calibrated profile (and FILE.meta.json, its provenance); "
+                          "lioncub/data/gloo-lab.json is made this way")
+    validate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    validate.set_defaults(func=_validate)
 
     p.set_defaults(func=lambda args: p.print_help() or 2)
 
@@ -133,11 +148,11 @@ def _guard(fn):
 
 
 def _hosts(args, ranks: int | None) -> tuple[int, int]:
-    from .bench import _ranks_per_host
+    from .lab import ranks_per_host_for
 
     if ranks is None:
         return (args.hosts or 2), (args.ranks_per_host or 1)
-    rph = _ranks_per_host(ranks, args.hosts, args.ranks_per_host)
+    rph = ranks_per_host_for(ranks, args.hosts, args.ranks_per_host)
     return ranks // rph, rph
 
 
@@ -205,17 +220,17 @@ def _clean(args) -> int:
 
 @_guard
 def _bench(args) -> int:
-    from .bench import _ranks_per_host, normalize
-    from .lab import Lab
+    from .lab import Lab, ranks_per_host_for
+    from .probes import bench_many, normalize
 
-    rph = _ranks_per_host(args.ranks, args.hosts, args.ranks_per_host)
+    rph = ranks_per_host_for(args.ranks, args.hosts, args.ranks_per_host)
     probe = normalize(dict(op=args.op, size=args.size, repeat=args.repeat, warmup=args.warmup,
                            dtype=args.dtype, levels=args.levels, ranks=args.ranks))
     lab = Lab(ranks=args.ranks, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab,
               burst=args.burst)
     with lab:
         probe["bandwidth"] = args.bandwidth or lab.rate_bps
-        res = lab.bench_many([probe])[0]
+        res = bench_many(lab, [probe])[0]
     if args.json:
         print(json.dumps(res))
     else:
@@ -241,3 +256,9 @@ def _run(args) -> int:
         print(json.dumps([r.result for r in results]))
     return 0
 
+
+@_guard
+def _validate(args) -> int:
+    from lioncub.calibrate.cli import validate  # lazily: the lab package itself never imports calibrate
+
+    return validate(args)

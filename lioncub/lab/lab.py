@@ -2,9 +2,9 @@
 
     with Lab(hosts=4, bandwidth="100Mbit") as lab:
         ranks = lab.run(["train.py", "--steps", "10"])      # one process per rank, torchrun-style env
-        m = lab.bench("allreduce", "4MiB")                  # a dict with "seconds" (median) and more
-        ms = lab.bench_many([{"op": "allgather", "size": "1MiB"}, {"op": "vote-1bit", "size": "16MiB",
-                              "ranks": 2, "bandwidth": "1Gbit"}])   # one lab, reshaped as needed
+        lab.set_bandwidth("1Gbit")                           # reshape every link in place
+
+Timing collectives in a lab is `lioncub.lab.probes`' job.
 
 The lab is torn down on leaving the block, whatever the reason: normal exit, an exception, a failed
 rank, Ctrl-C, or SIGTERM (turned into KeyboardInterrupt while the lab is up). If the Python process
@@ -32,6 +32,26 @@ def check_latency(latency) -> None:
             "the lab cannot add latency: this kernel has no netem qdisc (sch_netem), only tbf/htb "
             "shaping; links have the namespaces' native delay (tens of microseconds). Use --latency 0."
         )
+
+
+def ranks_per_host_for(ranks: int, hosts: int | None = None, ranks_per_host: int | None = None) -> int:
+    """Ranks per host for `ranks` ranks given --hosts and/or --ranks-per-host (two of the three determine
+    the third; default one rank per host)."""
+    if ranks < 1:
+        raise ValueError(f"ranks must be positive, got {ranks}")
+    if hosts is not None and ranks_per_host is not None:
+        if hosts * ranks_per_host != ranks:
+            raise ValueError(f"--ranks {ranks} differs from --hosts {hosts} x --ranks-per-host "
+                             f"{ranks_per_host}; give two of the three")
+        return ranks_per_host
+    if hosts is not None:
+        if hosts < 1 or ranks % hosts:
+            raise ValueError(f"--ranks {ranks} must be a multiple of --hosts {hosts}")
+        return ranks // hosts
+    rph = ranks_per_host or 1
+    if rph < 1 or ranks % rph:
+        raise ValueError(f"--ranks {ranks} must be a multiple of --ranks-per-host {rph}")
+    return rph
 
 
 def _raise_interrupt(signum, frame):
@@ -146,16 +166,6 @@ class Lab:
             port=29500 + self._launches % 1000,  # never reuse a port a previous run left in TIME_WAIT
             stream_rank0=stream_rank0,
         )
-
-    def bench(self, op: str, size, **kw) -> dict:
-        return self.bench_many([dict(kw, op=op, size=size)])[0]
-
-    def bench_many(self, probes: list[dict], timeout: float | None = None) -> list[dict]:
-        """Time many collectives in this lab; consecutive probes with the same `ranks` and `bandwidth`
-        share one launch (one process group). See `lioncub.lab.bench.normalize` for the probe keys."""
-        from . import bench
-
-        return bench.bench_many(self, probes, timeout=timeout)
 
     def measure_rate(
         self, nbytes: int, src: int = 0, dst: int = 1, port: int = 5201, start_at: float | None = None

@@ -1,4 +1,4 @@
-"""One rank of `lab bench`: `python -m lioncub.lab.worker JOB_JSON`, started by the launcher."""
+"""One rank of a group of probes (probes.py): `python -m lioncub.lab.worker JOB_JSON`, started by the launcher."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import sys
 def main(job: dict) -> None:
     from lioncub.distributed import gloo_rank
 
-    from .bench import run_probe
     from .launch import report
+    from .probes import run_probe
 
     with gloo_rank(job["pg_timeout"]):
         report([run_probe(p) for p in job["probes"]])

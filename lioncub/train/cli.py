@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
+from lioncub.paths import check_writable, read_json
+from lioncub.train import DDP_LION
 
 MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
 
@@ -18,17 +19,24 @@ def register(sub) -> None:
                                    "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
     p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")
     p.add_argument("--model", choices=MODEL_CHOICES)
-    p.add_argument("--method", choices=METHODS)
+    p.add_argument("--method", choices=METHODS + (DDP_LION,),
+                   help=f"a LionCub method, or {DDP_LION} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
     p.add_argument("--momentum-sync", dest="momentum_sync",
-                   help="none, K, every:K, first:K:M or geometric:K (default none)")
+                   help="none, K, every:K, first:K:M, geometric:K or adaptive[:T[:B]] (sync momenta when the ranks' "
+                        "agreement is low, within B x the method's bytes; default none)")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", dest="weight_decay", type=float)
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", dest="batch_size", type=int, help="per rank")
     p.add_argument("--block-size", dest="block_size", type=int)
     p.add_argument("--bucket-mb", dest="bucket_mb", type=float)
+    p.add_argument("--no-overlap", dest="overlap", action="store_false", default=None,
+                   help="communicate inside step() instead of during backward")
+    p.add_argument("--dense-warmup", dest="dense_warmup", type=int,
+                   help="run the first K steps with the allreduce method, then --method (default 0)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
     p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
@@ -46,23 +54,35 @@ def config_from_args(args):
 
     base = {}
     if args.config:
-        with open(args.config) as f:
-            base = json.load(f)
+        base = read_json(args.config, "config file")
+        if not isinstance(base, dict):
+            raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "seed", "checkpoint_dir", "checkpoint_every", "resume"):
+                "block_size", "bucket_mb", "overlap", "dense_warmup", "seed", "device", "checkpoint_dir",
+                "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value
     return TrainConfig.from_dict(base)
 
 
+def _launched() -> bool:
+    """Whether a launcher (torchrun, SLURM's srun, mpirun) started this process as one rank of several."""
+    from lioncub.distributed import launch_env
+
+    where = launch_env()
+    return where is not None and (where.launcher == "torchrun" or where.world_size > 1)
+
+
 def run(args) -> int:
     from lioncub.train.loop import dumps, train, train_local
 
     cfg = config_from_args(args)
+    if args.log:
+        check_writable(args.log, "--log")
     progress = sys.stderr.isatty() or not args.json
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:  # under torchrun
+    if _launched():  # under torchrun, srun or mpirun: this process is one rank
         from lioncub.distributed import finish, init_distributed
 
         rank, _ = init_distributed()
@@ -96,6 +116,9 @@ def format_summary(s: dict) -> str:
              f"{1e3 * s['codec_seconds']:.1f} + comm {1e3 * s['comm_seconds']:.1f} (medians); mean step "
              f"{1e3 * s['mean_step_seconds']:.1f} ms",
              f"  {s['bytes_per_step'] / 1e6:.3f} MB sent per rank per step"]
+    if s.get("agreement") is not None:
+        lines.append(f"  rank agreement {s['agreement']:.3f} (mean), {s['final_agreement']:.3f} (last tenth); "
+                     f"{s.get('momentum_syncs', 0)} momentum sync(s)")
     if s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
     if s.get("skipped_steps"):

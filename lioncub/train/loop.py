@@ -15,13 +15,17 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lioncub import schedules
+from lioncub import methods, schedules, wire
 from lioncub.distributed import broadcast_parameters
+from lioncub.lion import Lion
 from lioncub.optim import LionCub
+from lioncub.train import DDP_LION
 from lioncub.train.data import Blobs, CharText
 from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.transport import group_rank_size
 
 MODELS = tuple(PRESETS) + ("mlp",)
+METHODS = methods.NAMES + (DDP_LION,)
 
 
 @dataclass
@@ -29,8 +33,9 @@ class TrainConfig:
     model: str = "char-tiny"
     method: str = "l1-pbit"
     levels: int | None = None
-    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K
-    lr: float = 2e-3
+    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
+    dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
+    lr: float = 7e-4  # the best of a measured sweep (docs/BENCHMARKS.md, "Default learning rate")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -38,21 +43,28 @@ class TrainConfig:
     steps: int = 100
     batch_size: int = 16
     block_size: int = 64
-    bucket_mb: float = 25.0
+    bucket_mb: float | None = None  # None: LionCub's default (lioncub.wire.auto_bucket_mb)
     grad_wire_dtype: str = "float32"
+    overlap: bool = True
+    ddp_hook: bool = False  # wrap the model in torch DDP and attach LionCub to it (lioncub.attach_ddp)
     seed: int = 0
     eval_batches: int = 8
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
     threads: int = 0  # torch threads per rank (0: leave as is)
+    device: str = "cpu"  # where the model, data and optimizer live ("cuda", "cuda:1", ...)
 
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2:
             raise ValueError("steps and batch_size must be >= 1 and block_size >= 2")
         schedules.parse(self.momentum_sync)  # validate early
+        if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
+            raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -109,7 +121,7 @@ def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
 def _mean_over_ranks(value: float) -> float:
     if not dist.is_initialized():
         return value
-    t = torch.tensor([value], dtype=torch.float64)
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
     dist.all_reduce(t)
     return t.item() / dist.get_world_size()
 
@@ -118,12 +130,11 @@ def _mean_over_ranks(value: float) -> float:
 def evaluate(model, data, cfg: TrainConfig) -> float:
     """Mean loss over fixed validation batches, averaged over ranks (every rank gets the same number)."""
     model.eval()
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = group_rank_size()
     losses = []
     for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
-        losses.append(model(x, y)[1].item())
+        losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
     model.train()
     return _mean_over_ranks(statistics.fmean(losses))
 
@@ -133,13 +144,17 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     summary holds the per-step records."""
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    world = dist.get_world_size() if dist.is_initialized() else 1
+    rank, world = group_rank_size()
     model, data = build(cfg)
+    model.to(cfg.device)
     broadcast_parameters(model)
-    opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                  method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
-                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype)
+    opt, net = make_optimizer(cfg, model), model
+    if (cfg.method == DDP_LION or cfg.ddp_hook) and dist.is_initialized():
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg.ddp_hook:
+            from lioncub.ddp import attach_ddp
+
+            attach_ddp(net, opt)
     start, records = 0, []
     if cfg.resume and cfg.checkpoint_dir:
         found = _latest_checkpoint(cfg.checkpoint_dir)
@@ -160,16 +175,15 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
             group["lr"] = _lr(cfg, step)
         t0 = time.perf_counter()
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        x, y = x.to(cfg.device), y.to(cfg.device)
         opt.zero_grad()
-        _, loss = model(x, y)
+        _, loss = net(x, y)
         loss.backward()
         t1 = time.perf_counter()
         opt.step()
         t2 = time.perf_counter()
-        s = opt.stats
-        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, compute_s=t1 - t0,
-                            codec_s=s.last_quantize_s + s.last_apply_s, comm_s=s.last_comm_s + s.last_sync_s,
-                            bytes_sent=s.last_bytes_sent, lr=opt.param_groups[0]["lr"]))
+        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, lr=opt.param_groups[0]["lr"],
+                            **_step_figures(opt, t1 - t0, world)))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
@@ -184,6 +198,28 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
 
 
+def make_optimizer(cfg: TrainConfig, model):
+    if cfg.method == DDP_LION:
+        return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
+                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
+                   dense_warmup=cfg.dense_warmup)
+
+
+def _step_figures(opt, backward_s: float, world: int) -> dict:
+    """Per-step compute, codec, communication and bytes. DDP's own communication is not instrumented: its
+    backward time includes the exposed all-reduce tail, and its bytes are the fp32 ring's."""
+    s = getattr(opt, "stats", None)
+    if s is None:
+        nbytes = sum(p.numel() * 4 for g in opt.param_groups for p in g["params"])
+        return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0,
+                    bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
+    return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
+                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent,
+                agreement=s.last_agreement)
+
+
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     timed = records[2:] if len(records) > 4 else records  # the first steps allocate and warm caches
 
@@ -191,16 +227,21 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         return statistics.median(r[key] for r in timed) if timed else 0.0
 
     tail = [r["loss"] for r in records[-10:]]
+    agreed = [r["agreement"] for r in records if r.get("agreement") is not None]
     return dict(
         model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps,
-        momentum_sync=cfg.momentum_sync, levels=opt.levels or None,
+        momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
         comm_seconds=med("comm_s"),
         # the mean includes the periodic momentum syncs the median skips: use it for throughput
         mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
-        skipped_steps=opt.stats.skipped_steps, momentum_syncs=opt.stats.momentum_syncs,
+        skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
+        momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
+        # the ranks' agreement (lioncub.agreement) over the run and over its last tenth; None if unmeasured
+        agreement=statistics.fmean(agreed) if agreed else None,
+        final_agreement=statistics.fmean(agreed[-max(1, len(agreed) // 10):]) if agreed else None,
         records=records,
     )
 

@@ -4,6 +4,7 @@ as `predicted_step_seconds`)."""
 from __future__ import annotations
 
 from lioncub import schedules
+from lioncub.simulator.step import DDP_BUCKET_MB
 
 
 def momentum_interval(spec: str, steps: int) -> int | None:
@@ -15,15 +16,21 @@ def momentum_interval(spec: str, steps: int) -> int | None:
 
 def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwidth, ranks_per_host: int = 1,
                  latency=0.0, profile=None):
-    """simulate_step for a LionCub run of `cfg` (a TrainConfig) on `ranks` ranks over links of `bandwidth`:
-    communication inside step() (no overlap with backward), the lab's calibrated Gloo profile by default."""
+    """simulate_step for a run of `cfg` (a TrainConfig) on `ranks` ranks over links of `bandwidth`, with the
+    lab's calibrated Gloo profile by default. The ddp+lion baseline is the allreduce method, overlapped."""
     from lioncub.simulator import Cluster, simulate_step
+    from lioncub.train import DDP_LION
 
     if profile is None:
         from lioncub.calibrate import default_lab_profile
 
         profile = default_lab_profile()
     cluster = Cluster.for_ranks(ranks, ranks_per_host, bandwidth=bandwidth, latency=latency)
-    return simulate_step(cluster, cfg.method, params, momentum_interval(cfg.momentum_sync, cfg.steps),
-                         cfg.bucket_mb, compute_seconds, backend=profile, levels=cfg.levels,
-                         grad_dtype=cfg.grad_wire_dtype, overlap=False)
+    from lioncub.wire import auto_bucket_mb
+
+    ddp = cfg.method == DDP_LION
+    bucket_mb = DDP_BUCKET_MB if ddp else cfg.bucket_mb or auto_bucket_mb(4 * params)
+    return simulate_step(cluster, "allreduce" if ddp else cfg.method, params,
+                         None if ddp else momentum_interval(cfg.momentum_sync, cfg.steps), bucket_mb,
+                         compute_seconds, backend=profile, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype,
+                         overlap=ddp or cfg.overlap)

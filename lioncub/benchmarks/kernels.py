@@ -24,9 +24,9 @@ import time
 import numpy as np
 import torch
 
-from lioncub import wire
-
-from . import reference
+from lioncub import methods, wire
+from lioncub.kernels import reference
+from lioncub.methods.vote_1bit import chunk_bytes
 
 UNITS = {"K": 2**10, "M": 2**20, "G": 2**30}
 
@@ -87,18 +87,19 @@ def step_traffic(method: str, world_size: int, elem_bytes: int, levels: int | No
     if method == "lion":
         return {"lion_step": 5 * E}
     planes = wire.result_planes(N)
-    if method in wire.ONEBIT_METHODS:
+    meth = methods.get(method)
+    if meth.codec.kind == "signs":
         code = 1 / 8
         vote = (1 / 8 + planes / (8 * N)) if method == "vote-1bit" else (N / 8 + planes / 8)
         return {"prepass": E, "quantize_pack": 3 * E + code, "vote": vote, "unpack_apply": 2 * E + planes / 8}
-    code = wire.field_layout(method, N, levels).bits_per_element / 8
-    prepass = 2 * E if method == "l1-pbit" else E
+    code = meth.layout(N, levels or 0).bits_per_element / 8
+    prepass = 2 * E if meth.codec.l1 else E
     return {"prepass": prepass, "quantize_pack": 3 * E + code, "unpack_apply": 2 * E + code}
 
 
 def traffic_table(world_size: int = 8) -> list[dict]:
     rows = []
-    for method in ("lion",) + wire.METHODS[1:]:
+    for method in ("lion",) + tuple(m.name for m in methods.REGISTRY.values() if not m.dense):
         row = {"method": method}
         for name, E in (("fp32", 4), ("bf16", 2)):
             total = sum(step_traffic(method, world_size, E).values())
@@ -119,9 +120,10 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
     g = torch.randn(n, generator=gen).to(dtype).to(device)
     m = (torch.randn(n, generator=gen) * 0.1).to(dtype).to(device)
     offsets = [0, n // 2, n]  # two tensors
-    lay = wire.field_layout("l1-pbit", N)
-    s = wire.default_levels(N)
-    chunk = wire.onebit_chunk_bytes(n, N)
+    signs, l1 = methods.get("vote-1bit").codec, methods.get("l1-pbit")
+    s = l1.resolve_levels(N)
+    lay, l1 = l1.layout(N, s), l1.codec
+    chunk = chunk_bytes(n, N)
     planes = wire.result_planes(N)
     onebit = torch.zeros(N * chunk, dtype=torch.uint8, device=device)
     mine = torch.empty(planes * chunk, dtype=torch.uint8, device=device)
@@ -129,36 +131,36 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
     sign_plane = torch.randint(0, 256, (N * chunk,), dtype=torch.uint8, device=device)
     tie_plane = torch.randint(0, 256, (N * chunk,), dtype=torch.uint8, device=device) if planes == 2 else None
     hp = dict(beta1=0.9, beta2=0.99)
-    _, mult = ops.prepass("l1-pbit", g, m, beta1=0.9, offsets=offsets, levels=s)
+    _, mult = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
 
     def vote():
         ops.vote(onebit.view(N, chunk), mine[:chunk], mine[chunk:] if planes == 2 else None)
 
     kernels = [
         ("lion_step", 5 * E * n, lambda: ops.lion_step(p, g, m, lr=1e-4, wd=0.1, **hp)),
-        ("prepass (finite)", E * n, lambda: ops.prepass("vote-1bit", g, m, beta1=0.9, offsets=offsets)),
-        ("prepass (l1 scale)", 2 * E * n, lambda: ops.prepass("l1-pbit", g, m, beta1=0.9, offsets=offsets, levels=s)),
+        ("prepass (finite)", E * n, lambda: ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)),
+        ("prepass (l1 scale)", 2 * E * n, lambda: ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)),
         ("quantize_pack 1-bit", 3 * E * n + N * chunk,
-         lambda: ops.quantize_pack("vote-1bit", g, m, onebit, **hp)),
+         lambda: ops.quantize_pack(signs, g, m, onebit, **hp)),
         (f"quantize_pack l1-pbit ({lay.bits_per_element:.0f} b)", 3 * E * n + lay.nbytes(n),
-         lambda: ops.quantize_pack("l1-pbit", g, m, fields, layout=lay, mult=mult, offsets=offsets, levels=s, **hp)),
+         lambda: ops.quantize_pack(l1, g, m, fields, layout=lay, mult=mult, offsets=offsets, levels=s, **hp)),
         (f"vote ({N} rows)", N * chunk + planes * chunk, vote),
         ("unpack_apply 1-bit", 2 * E * n + planes * N * chunk,
-         lambda: ops.unpack_apply("vote-1bit", p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)),
+         lambda: ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)),
         (f"unpack_apply l1-pbit ({lay.bits_per_element:.0f} b)", 2 * E * n + lay.nbytes(n),
-         lambda: ops.unpack_apply("l1-pbit", p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
+         lambda: ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
     ]
 
     def step_1bit():
-        ops.prepass("vote-1bit", g, m, beta1=0.9, offsets=offsets)
-        ops.quantize_pack("vote-1bit", g, m, onebit, **hp)
+        ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)
+        ops.quantize_pack(signs, g, m, onebit, **hp)
         vote()
-        ops.unpack_apply("vote-1bit", p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)
+        ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)
 
     def step_l1():
-        _, k = ops.prepass("l1-pbit", g, m, beta1=0.9, offsets=offsets, levels=s)
-        ops.quantize_pack("l1-pbit", g, m, fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
-        ops.unpack_apply("l1-pbit", p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
+        _, k = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
+        ops.quantize_pack(l1, g, m, fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
+        ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
 
     steps = {"lion": kernels[0][2], "vote-1bit": step_1bit, "l1-pbit": step_l1}
     return kernels, steps, (p, g, m)
@@ -214,7 +216,7 @@ def bench_device(sizes, dtype, device, N, repeat) -> dict:
 
 def importlib_ops(cuda: bool):
     if cuda:
-        from . import triton_ops
+        from lioncub.kernels import triton_ops
         return triton_ops
     return reference
 
@@ -336,21 +338,7 @@ def _targets(res, cuda) -> dict:
     return t
 
 
-# --- CLI -------------------------------------------------------------------------------------------------
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="auto: the GPU (Triton kernels) if there is one, else the CPU (torch twins)")
-    p.add_argument("--sizes", type=parse_sizes, default=None,
-                   help="bucket sizes in elements, e.g. 1M,4M (default 1M,4M,16M,64M,256M on a GPU, 1M,4M,16M on CPU)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    p.add_argument("--world-size", type=int, default=8, help="N for the vote rows and the p-bit layout (default 8)")
-    p.add_argument("--repeat", type=int, default=None, help="timed runs per measurement")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
-    p.add_argument("--ptx", action="store_true", help="also compile the Triton kernels for sm_90 (no GPU needed) "
-                                                       "and report their global memory instructions")
-    p.add_argument("--json", action="store_true")
+# --- report ----------------------------------------------------------------------------------------------
 
 
 def run(args) -> int:

@@ -1,4 +1,5 @@
-"""`lioncub lab bench`: time real collectives in the lab.
+"""Probes: real collectives timed in the lab (`lioncub lab bench`, and the held-out settings of `lioncub
+lab validate`).
 
 SIZE means what it means in `lioncub simulate collective`: the bytes of each rank's whole buffer
 (all-reduce input, all-gather output, all-to-all send buffer, reduce-scatter input). For the lioncub
@@ -8,39 +9,36 @@ transport (`lioncub.transport.composite_op`): exactly one bucket's collectives, 
 Each probe: warm-up calls, then `repeat` timed calls, each started right after a barrier; a call's
 time is the slowest rank's, and `seconds` is the median over the repetitions.
 
-From Python (the calibration calls this; the lab stays up between probes):
+From Python (the lab stays up between probes):
 
+    from lioncub.lab import Lab, probes
     with Lab(hosts=4, bandwidth="1Gbit") as lab:
-        lab.bench_many([{"op": "allreduce", "size": "4MiB"}, {"op": "l1-pbit", "size": "64MiB"}])
-    bench(op="allreduce", size="4MiB", ranks=4, bandwidth="100Mbit")   # builds its own lab
+        probes.bench_many(lab, [{"op": "allreduce", "size": "4MiB"}, {"op": "l1-pbit", "size": "64MiB"}])
+    probes.bench(op="allreduce", size="4MiB", ranks=4, bandwidth="100Mbit")   # builds its own lab
+
+Each group of probes runs as one launch of `python -m lioncub.lab.worker` per rank (worker.py), which
+calls `run_probe` on every probe of the group.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import statistics
 import sys
 import time
 
+from lioncub.simulator.collectives import COMPOSITES, composite_elements
 from lioncub.simulator.units import format_rate, parse_rate, parse_size
+from lioncub.wire import DTYPE_BYTES
 
-from .. import wire
+from .lab import Lab, ranks_per_host_for
 
 PLAIN_OPS = ("allreduce", "allgather", "alltoall", "reduce_scatter")
-COMPOSITE_OPS = tuple(op for op in wire.COMPOSITE_OPS if op not in PLAIN_OPS)
+COMPOSITE_OPS = COMPOSITES
 OPS = PLAIN_OPS + COMPOSITE_OPS
 DTYPES = ("float32", "bfloat16", "float16", "int32", "int64", "uint8")
-_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "int32": 4, "int64": 8, "uint8": 1}
 DEFAULTS = {"repeat": 5, "warmup": 1, "dtype": "float32", "levels": None}
-
-
-def _transport_missing(op: str) -> NotImplementedError:
-    return NotImplementedError(
-        f"op {op!r} runs the optimizer's real transport, lioncub.transport.composite_op, which is "
-        f"not in this build yet; the plain ops ({', '.join(PLAIN_OPS)}) work"
-    )
 
 
 def normalize(probe: dict) -> dict:
@@ -52,8 +50,6 @@ def normalize(probe: dict) -> dict:
     p = dict(DEFAULTS, **probe)
     if p["op"] not in OPS:
         raise ValueError(f"unknown op {p['op']!r}; choose one of: {', '.join(OPS)}")
-    if p["op"] in COMPOSITE_OPS and importlib.util.find_spec("lioncub.transport") is None:
-        raise _transport_missing(p["op"])
     p["size"] = int(parse_size(p["size"]))
     if p["size"] < 1:
         raise ValueError(f"size must be at least 1 byte, got {p['size']}")
@@ -76,16 +72,12 @@ def _make_op(p: dict, world: int):
 
     op, size = p["op"], p["size"]
     if op in COMPOSITE_OPS:
-        try:
-            from lioncub.transport import composite_op
-        except ModuleNotFoundError as exc:
-            if exc.name != "lioncub.transport":
-                raise
-            raise _transport_missing(op) from None
-        n = wire.composite_elements(size)
+        from lioncub.transport import composite_op
+
+        n = composite_elements(size)
         return composite_op(op, n, group=None, levels=p["levels"]), 4 * n, {"n_elements": n}
     dtype = getattr(torch, p["dtype"])
-    n = max(1, size // _ITEMSIZE[p["dtype"]])
+    n = max(1, size // DTYPE_BYTES[p["dtype"]])
     per = max(1, n // world)  # the per-rank share of gathered/scattered buffers
     if op == "allreduce":
         x = torch.zeros(n, dtype=dtype)
@@ -138,6 +130,8 @@ def _estimate_seconds(p: dict, rate_bps: float) -> float:
 
 
 def bench_many(lab, probes: list[dict], timeout: float | None = None) -> list[dict]:
+    """Time many collectives in `lab` (a Lab that is up); consecutive probes with the same `ranks` and
+    `bandwidth` share one launch (one process group). See `normalize` for the probe keys."""
     probes = [normalize(p) for p in probes]
     for p in probes:
         ranks = p.get("ranks") or lab.max_ranks
@@ -182,28 +176,9 @@ def bench(
     burst=None,
 ) -> dict:
     """Build a lab for this one measurement, take it, tear the lab down; returns the result dict."""
-    from .lab import Lab
-
-    rph = _ranks_per_host(ranks, hosts, ranks_per_host)
+    rph = ranks_per_host_for(ranks, hosts, ranks_per_host)
     probe = normalize(dict(op=op, size=size, repeat=repeat, warmup=warmup, dtype=dtype, levels=levels,
                            ranks=ranks))
     with Lab(ranks=ranks, ranks_per_host=rph, bandwidth=bandwidth, burst=burst) as lab:
-        return lab.bench_many([probe])[0]
+        return bench_many(lab, [probe])[0]
 
-
-def _ranks_per_host(ranks: int, hosts: int | None, ranks_per_host: int | None) -> int:
-    if ranks < 1:
-        raise ValueError(f"ranks must be positive, got {ranks}")
-    if hosts is not None and ranks_per_host is not None:
-        if hosts * ranks_per_host != ranks:
-            raise ValueError(f"--ranks {ranks} differs from --hosts {hosts} x --ranks-per-host "
-                             f"{ranks_per_host}; give two of the three")
-        return ranks_per_host
-    if hosts is not None:
-        if hosts < 1 or ranks % hosts:
-            raise ValueError(f"--ranks {ranks} must be a multiple of --hosts {hosts}")
-        return ranks // hosts
-    rph = ranks_per_host or 1
-    if rph < 1 or ranks % rph:
-        raise ValueError(f"--ranks {ranks} must be a multiple of --ranks-per-host {rph}")
-    return rph

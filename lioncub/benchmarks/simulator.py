@@ -21,35 +21,18 @@ import sys
 import tempfile
 import time
 
+from lioncub.simulator.cluster import Cluster
+from lioncub.simulator.collectives import simulate_collective
+from lioncub.simulator.step import simulate_step
+from lioncub.simulator.units import format_size, format_time
+
 TARGET_SECONDS = 10.0
-SCALE_RANKS = "64,256,1000,1024,2048,10000,100000"
 GIB = 2**30
 # (what, ranks, limit seconds, limit bytes of peak memory)
 SCALE_TARGETS = {("auto", 1024): (1.0, None), ("auto", 100000): (10.0, GIB), ("binomial-tree", 1024): (2.0, None)}
 STEP_TARGET = (10.0, GIB)
 AUTOTUNE_TARGET = 10.0  # "in seconds"
 EXPONENT_TARGET = 1.0
-
-
-def add_arguments(parser) -> None:
-    parser.add_argument("--ranks", type=int, default=1024, help="ranks of the collective benchmark")
-    parser.add_argument("--size", default="256MiB", help="allreduce size")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--bandwidth", default="10Gbit")
-    parser.add_argument("--latency", default="20us")
-    parser.add_argument("--step-ranks", type=int, default=256, help="ranks of the training-step benchmark")
-    parser.add_argument("--params", default="1.3B", help="parameters of the training-step benchmark")
-    parser.add_argument("--scale-ranks", default=SCALE_RANKS,
-                        help="comma-separated ranks of the cluster-scale rows ('' for none): 1 GiB allreduce "
-                             "at 1 Gbit/s, auto and the binomial tree alone")
-    parser.add_argument("--scale-step-ranks", type=int, default=100000,
-                        help="ranks of the cluster-scale simulate step (vote-1bit, --scale-params) and autotune "
-                             "rows (0: none)")
-    parser.add_argument("--scale-params", default="70B", help="parameters of the cluster-scale simulate step row")
-    parser.add_argument("--autotune-params", default="1.3B", help="parameters of the cluster-scale autotune row")
-    parser.add_argument("--repeat", type=int, default=1, help="run each cluster-scale row this many times, keep "
-                                                              "the fastest")
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
 def _run_child(argv: list[str], repeat: int) -> dict:
@@ -123,11 +106,6 @@ def scale_rows(ranks: list[int], step_ranks: int, params: str, autotune_params: 
 
 
 def run(args) -> int:
-    from .cluster import Cluster
-    from .collectives import simulate_collective
-    from .step import simulate_step
-    from .units import format_size, format_time
-
     rows = []
     for backend in ("nccl", "gloo"):
         cluster = Cluster.for_ranks(args.ranks, args.gpus_per_node, bandwidth=args.bandwidth,

@@ -15,7 +15,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from lioncub.wire import METHODS
+from lioncub.methods import NAMES as METHODS
+from lioncub.wire import bus_factor
 
 
 def transformer_shapes(target_params: int, vocab: int = 96, block: int = 256) -> list[tuple]:
@@ -141,7 +142,7 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
     n = sum(torch.Size(s).numel() for s in shapes)
     per_rank = spawn(_rank_main, ranks, shapes, methods, steps, rounds, public, timeout=1800)
     ms = {k: max(r["ms"][k] for r in per_rank) for k in per_rank[0]["ms"]}  # the slowest rank sets the pace
-    base_bytes = per_rank[0]["bytes"].get("allreduce") or 2 * (ranks - 1) / ranks * 4 * n
+    base_bytes = per_rank[0]["bytes"].get("allreduce") or bus_factor("allreduce", ranks) * 4 * n
     rows = []
     for name, t in ms.items():
         b = per_rank[0]["bytes"].get(name)
@@ -149,16 +150,6 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
                          bytes_sent=b, bytes_vs_fp32=None if b is None else round(b / base_bytes, 4)))
     return dict(ranks=ranks, params=n, tensors=len(shapes), threads_per_rank=max(1, torch.get_num_threads() // ranks),
                 rows=rows, single_process=_single_process(shapes, steps + 1))
-
-
-def add_arguments(p) -> None:
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--params", type=float, default=5e6, help="approximate parameter count (default 5e6)")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the methods")
-    p.add_argument("--methods", nargs="+", default=None, choices=METHODS)
-    p.add_argument("--no-public", action="store_true", help="skip the public majority-vote reference")
-    p.add_argument("--json", action="store_true")
 
 
 def run(args) -> int:

@@ -1,0 +1,153 @@
+"""What a communication method declares: its codec, its collectives for (n, N), its cost, its exchange.
+
+The arithmetic (layouts, collectives, bytes) is pure Python, so the simulator and autotune cost a method
+without importing torch; `exchange()` builds the torch side (buffers and collectives of one bucket) and
+imports torch only when called.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from lioncub import wire
+
+
+class LazyModule:
+    """A module imported on first attribute access, so a method module imports torch only when it runs."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr):
+        return getattr(importlib.import_module(self._name), attr)
+
+
+class Method:
+    """One communication method. Subclasses set the class attributes and override what differs.
+
+    name: the string users pass (`LionCub(method=...)`, `--method`).
+    summary: one line for help texts.
+    codec: what the codec kernels do (lioncub.wire.Codec); None for a dense method, whose ranks average
+        gradients and share one momentum (the baseline).
+    max_value: the largest value one rank puts in a p-bit field (fields codecs), as a function of levels.
+    """
+
+    name: str = ""
+    summary: str = ""
+    codec: wire.Codec | None = None
+
+    @property
+    def dense(self) -> bool:
+        return self.codec is None
+
+    @property
+    def uses_levels(self) -> bool:
+        return self.codec is not None and self.codec.l1
+
+    def resolve_levels(self, world_size: int, levels: int | None = None) -> int:
+        """The L1 levels this method uses at this world size (0 if it has none); validates `levels`."""
+        if levels is not None:
+            raise ValueError(f"levels applies only to method='l1-pbit', not {self.name!r}")
+        return 0
+
+    def layout(self, world_size: int, levels: int = 0) -> wire.FieldLayout | None:
+        """The p-bit field packing at this world size (None for methods without fields)."""
+        return None
+
+    def collectives(self, n: int, world_size: int, levels: int = 0,
+                    grad_dtype: str = "float32") -> list[wire.Collective]:
+        """The collectives one bucket of `n` elements costs per step (not the step's control message)."""
+        raise NotImplementedError
+
+    def wire_bits_per_element(self, world_size: int, levels: int = 0) -> float:
+        """Bits each rank sends per parameter per step with bandwidth-optimal collectives (large n)."""
+        raise NotImplementedError
+
+    def codec_bytes_per_element(self, world_size: int, levels: int = 0, grad_dtype: str = "float32") -> float:
+        """Device-memory bytes the codec kernels move per parameter, beyond the Lion update's."""
+        raise NotImplementedError
+
+    def exchange(self, n: int, device, group=None, *, levels: int = 0, grad_wire_dtype: str = "float32",
+                 grads=None, world_size: int | None = None):
+        """The torch side of one bucket (an `Exchange`). world_size overrides the group's (calibration
+        times the local work of a larger world in one process)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<method {self.name}>"
+
+
+class FieldMethod(Method):
+    """A method whose ranks add p-bit field values with one native integer SUM all-reduce per bucket."""
+
+    def max_value(self, levels: int) -> int:
+        return 2
+
+    def layout(self, world_size: int, levels: int = 0) -> wire.FieldLayout:
+        return wire.field_layout_for(self.max_value(levels), world_size)
+
+    def collectives(self, n, world_size, levels=0, grad_dtype="float32"):
+        if world_size == 1:
+            return []
+        lay = self.layout(world_size, levels)
+        return [wire.Collective("allreduce", lay.nbytes(n), lay.dtype)]
+
+    def wire_bits_per_element(self, world_size, levels=0):
+        if world_size == 1:
+            return 0.0
+        return wire.bus_factor("allreduce", world_size) * self.layout(world_size, levels).bits_per_element
+
+    def codec_bytes_per_element(self, world_size, levels=0, grad_dtype="float32"):
+        if world_size == 1:
+            return 0.0
+        # read m and g to form the value; write the packed fields; read the summed fields
+        return 8.0 + 2 * self.layout(world_size, levels).bits_per_element / 8
+
+    def exchange(self, n, device, group=None, *, levels=0, grad_wire_dtype="float32", grads=None, world_size=None):
+        return FieldSum(self, n, device, group, levels, world_size)
+
+
+torch = LazyModule("torch")
+dist = LazyModule("torch.distributed")
+transport = LazyModule("lioncub.transport")
+
+
+class Exchange:
+    """The buffers and collectives of one bucket.
+
+    code: the buffer the codec kernel fills (a dense method: the gradients themselves).
+    layout: the p-bit FieldLayout, or None. collectives: what one call puts on the wire.
+    vote_bytes: bytes of packed votes `vote()` reads (0 where there is no local vote).
+    `__call__()` runs the collectives, with `vote()` (the local work between them) where the method has
+    one, and returns `agreed()`: the agreed code for `lioncub.kernels.unpack_apply`.
+    """
+
+    layout = None
+    vote_bytes = 0
+
+    def __init__(self, method: Method, n: int, group, levels: int, world_size: int | None):
+        self.group, self.name = group, method.name
+        self.N = world_size or transport.group_rank_size(group)[1]
+        self.collectives = method.collectives(n, self.N, levels)
+
+    def vote(self) -> None:
+        pass
+
+    def agreed(self):
+        return self.code
+
+    def __call__(self):
+        raise NotImplementedError
+
+
+class FieldSum(Exchange):
+    """One integer SUM all-reduce of the bucket's packed fields."""
+
+    def __init__(self, method: FieldMethod, n, device, group, levels, world_size):
+        super().__init__(method, n, group, levels, world_size)
+        self.layout = method.layout(self.N, levels)
+        self.code = torch.zeros(self.layout.words(n), dtype=getattr(torch, self.layout.dtype), device=device)
+
+    def __call__(self):
+        transport.call(f"all_reduce ({self.name} fields)", dist.all_reduce, self.code, group=self.group)
+        return self.agreed()

@@ -1,0 +1,154 @@
+"""Overlap: each bucket's exchange runs while backward is still computing the gradients of earlier layers.
+
+Per-parameter hooks (`register_post_accumulate_grad_hook`) count the gradients of each bucket; when a
+bucket's last gradient is final, the bucket is ready. One communication thread per optimizer takes ready
+buckets strictly in bucket order (buckets are laid out in the order backward produces them), so every
+rank issues the same collectives in the same order whatever order its own gradients arrive in. At the end
+of backward (an autograd callback) the buckets that got no gradient this pass are flushed, the step's
+control message (the non-finite count) is sent, and backward returns once everything has arrived: as
+with DDP, a collective the script issues after backward cannot interleave with the optimizer's.
+
+Nothing is committed before `step()`: compressed methods quantize without touching the momentum and
+update it in unpack_apply, after every rank has agreed to take the step (so a non-finite gradient on any
+rank still skips the step with momenta unchanged). If gradients are modified after backward (clipping,
+unscaling, a replaced `.grad`), `step()` sees it (version counters, views) and runs the exchange again.
+
+On CUDA the thread runs the codec kernels and collectives on a side stream that waits for an event
+recorded when each bucket became ready; the default stream waits for the side stream at the end of
+backward.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import queue
+import threading
+import time
+import weakref
+
+import torch
+
+_FLUSH, _STOP = "flush", "stop"
+
+
+class Overlap:
+    """The hooks, the communication thread and the state of one backward pass."""
+
+    def __init__(self, opt):
+        self._opt = weakref.ref(opt)
+        self.enabled = True
+        self.sync_wanted = lambda: True  # under DDP: DDP's require_backward_grad_sync (its no_sync())
+        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
+        for k, b in enumerate(opt._buckets):
+            for i, p in enumerate(b.params):
+                self._where[id(p)] = (k, i)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in opt._buckets
+                       for p in b.params]
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._cuda = any(b.p.is_cuda for b in opt._buckets)
+        self._stream = torch.cuda.Stream(device=opt._buckets[0].p.device) if self._cuda else None
+        self.results: dict | None = None  # of the last completed pass, for step()
+        self._pass: dict | None = None
+
+    # --- hooks (the autograd thread) --------------------------------------------------------------------
+
+    def _make_hook(self):
+        ref = weakref.ref(self)
+
+        def hook(param):
+            self = ref()
+            if self is not None and self.enabled and self.sync_wanted():
+                self._on_grad(param)
+        return hook
+
+    def _on_grad(self, param) -> None:
+        opt = self._opt()
+        if opt is None:
+            return
+        if self._pass is None:
+            self._begin_pass(opt)
+        k, i = self._where[id(param)]
+        opt._capture_grad(param, k, i)
+        state = self._pass
+        state["pending"][k] -= 1
+        if state["pending"][k] == 0:
+            if self._cuda:
+                ev = torch.cuda.Event()
+                ev.record()
+                state["events"][k] = ev
+            state["complete"][k] = True
+            while state["cursor"] < len(state["complete"]) and state["complete"][state["cursor"]]:
+                self._jobs.put((state["cursor"], state))
+                state["cursor"] += 1
+
+    def _begin_pass(self, opt) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=_serve, args=(self._jobs, self._opt, self._stream),
+                                            name="lioncub-comm", daemon=True)
+            self._thread.start()
+        self.results = None
+        n = len(opt._buckets)
+        self._pass = dict(pending=[len(b.params) for b in opt._buckets], complete=[False] * n, cursor=0,
+                          events=[None] * n, done=threading.Event(), error=None, step=opt._step + 1,
+                          nonfinite=0, bad=0, quantize_s=0.0, comm_s=0.0, codes=[None] * n, versions=None,
+                          collectives=[])
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+
+    def _end_of_backward(self) -> None:
+        """Flush the buckets that got no gradient, then wait for the thread (the exposed communication)."""
+        state, self._pass = self._pass, None
+        if state is None:
+            return
+        t0 = time.perf_counter()
+        for k in range(state["cursor"], len(state["complete"])):
+            if self._cuda and state["events"][k] is None:
+                ev = torch.cuda.Event()
+                ev.record()
+                state["events"][k] = ev
+            self._jobs.put((k, state))
+        self._jobs.put((_FLUSH, state))
+        state["done"].wait()
+        if self._cuda:
+            torch.cuda.current_stream().wait_stream(self._stream)
+        state["exposed_s"] = time.perf_counter() - t0
+        if state["error"] is not None:
+            raise state["error"]
+        self.results = state
+
+    def close(self) -> None:
+        """Remove the hooks and end the thread (also when the optimizer is garbage-collected)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        if self._thread is not None:
+            self._jobs.put(_STOP)
+            self._thread = None
+
+    def __del__(self):
+        self.close()
+
+
+def _serve(jobs: queue.Queue, opt_ref, stream) -> None:
+    """The communication thread: bucket jobs in the order they were queued, then the pass's control
+    message. It holds no strong reference to the optimizer, so an optimizer that is dropped is collected."""
+    while True:
+        job = jobs.get()
+        if job == _STOP:
+            return
+        k, state = job
+        opt = opt_ref()
+        if opt is not None and state["error"] is None:
+            try:  # an error is re-raised by the autograd thread at the end of backward
+                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                    if k == _FLUSH:
+                        opt._agree_pass(state)
+                    else:
+                        if state["events"][k] is not None:
+                            stream.wait_event(state["events"][k])
+                        opt._encode_and_exchange(k, state)
+            except BaseException as exc:
+                state["error"] = exc
+        del opt
+        if k == _FLUSH:
+            state["done"].set()

@@ -1,0 +1,54 @@
+"""lioncub.checkpoint on torch.distributed.checkpoint: per-rank momenta as rank-sharded entries; a resume on
+the same world size is bit-exact; on another world size the documented policy (rank 0's momenta if they
+were identical, else their average), said in the log, never silently."""
+
+import logging
+
+import safe_cases
+import torch
+
+from lioncub import LionCub, checkpoint
+from lioncub.distributed import spawn
+
+
+def test_save_on_two_resume_on_two_is_bit_exact_and_on_three_averages(tmp_path):
+    path = str(tmp_path / "ckpt")
+    full = spawn(safe_cases.ckpt_train, 2, None, 6, "vote-1bit", False, timeout=60)
+    saved = spawn(safe_cases.ckpt_train, 2, path, 3, timeout=60)
+    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert names == [".metadata", "__0_0.distcp", "__1_0.distcp"]  # one file per rank
+    assert not torch.equal(saved[0]["momenta"], saved[1]["momenta"])  # vote-1bit: each rank its own momentum
+
+    resumed = spawn(safe_cases.ckpt_train, 2, path, 3, "vote-1bit", False, True, 6, timeout=60)
+    for a, b in zip(full, resumed):
+        assert b["step"] == 6 and b["stats_steps"] == 6
+        assert torch.equal(a["params"], b["params"]) and torch.equal(a["momenta"], b["momenta"])
+
+    three = spawn(safe_cases.ckpt_loaded, 3, path, timeout=60)
+    mean = ((saved[0]["momenta"] + saved[1]["momenta"]) / 2).float()
+    for r in three:
+        assert r["info"] == dict(saved_world_size=2, world_size=3, momenta="average", step=3)
+        assert r["step"] == 3 and torch.equal(r["params"], saved[0]["params"])
+        assert torch.equal(r["momenta"], three[0]["momenta"])  # the new ranks start identical
+        torch.testing.assert_close(r["momenta"], mean)
+    assert any("average" in m for m in three[0]["messages"])  # said, not silent
+
+
+def test_load_on_one_process(tmp_path, caplog):
+    path = str(tmp_path / "ckpt")
+    saved = spawn(safe_cases.ckpt_train, 2, path, 2, timeout=60)
+    net = safe_cases.model()
+    opt = LionCub(net.parameters(), lr=safe_cases.LR, method="vote-1bit", bucket_mb=safe_cases.BUCKET_MB)
+    with caplog.at_level(logging.WARNING, logger="lioncub"):
+        info = checkpoint.load(path, net, opt)
+    assert info["momenta"] == "average" and opt._step == 2
+    assert "average" in caplog.text
+    torch.testing.assert_close(safe_cases.momenta(opt, net), (saved[0]["momenta"] + saved[1]["momenta"]) / 2)
+    assert torch.equal(safe_cases.flat(net.parameters()), saved[0]["params"])
+    # identical momenta (the allreduce method): rank 0's, exactly
+    path2 = str(tmp_path / "dense")
+    dense = spawn(safe_cases.ckpt_train, 2, path2, 2, "allreduce", timeout=60)
+    net = safe_cases.model()
+    opt = LionCub(net.parameters(), lr=safe_cases.LR, method="allreduce", bucket_mb=safe_cases.BUCKET_MB)
+    assert checkpoint.load(path2, net, opt)["momenta"] == "rank0"
+    assert torch.equal(safe_cases.momenta(opt, net), dense[0]["momenta"])

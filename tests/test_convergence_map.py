@@ -1,0 +1,41 @@
+"""The convergence map's bookkeeping (lioncub.benchmarks.convergence_map): parts, merge, heat map."""
+
+import json
+
+import pytest
+
+from lioncub.benchmarks import convergence_map as cm
+
+
+def test_parts_cover_the_grid_once():
+    runs = cm.runs(lr=1e-3)
+    assert len(runs) == len(cm.CONFIGS) * len(cm.WORLDS) * len(cm.BATCHES) * len(cm.LR_FACTORS) * len(cm.SEEDS)
+    assert runs[0]["config"] == "allreduce"  # the baseline first: any finished part has its ratios
+    parts = [cm.part_of(runs, f"{i}/5") for i in range(1, 6)]
+    assert sum(parts, []) == runs
+    with pytest.raises(ValueError):
+        cm.part_of(runs, "0/3")
+
+
+def test_merge_ratios_and_plot(tmp_path):
+    rows = []
+    for run in cm.runs(configs=("allreduce", "vote-1bit"), lr=1e-3):
+        loss = 2.0 + 0.01 * run["seed"] + (0.1 if run["config"] == "vote-1bit" else 0.0)
+        rows.append(dict(run, method=run["config"], momentum_sync="none", final_loss=loss, train_loss=loss,
+                         bytes_per_step=100.0 if run["config"] == "allreduce" else 5.0, momentum_syncs=0,
+                         agreement=None if run["config"] == "allreduce" else 0.4, final_agreement=None
+                         if run["config"] == "allreduce" else 0.3, mean_step_seconds=0.1, wall_seconds=1.0))
+    half = len(rows) // 2
+    paths = []
+    for i, chunk in enumerate((rows[:half], rows[half:])):
+        p = tmp_path / f"part{i}.json"
+        p.write_text(json.dumps(dict(model="char-tiny", steps=200, runs=chunk)))
+        paths.append(str(p))
+    res = cm.merge(paths)
+    vote = [c for c in res["cells"] if c["config"] == "vote-1bit"]
+    assert len(vote) == len(cm.regimes(1e-3))
+    assert all(c["ratio"] == pytest.approx((2.1 / 2.0 + 2.11 / 2.01) / 2) for c in vote)
+    assert all(c["bytes_vs_baseline"] == pytest.approx(0.05) and c["agreement"] == pytest.approx(0.4) for c in vote)
+    cm.plot(res, str(tmp_path / "map.png"))
+    assert (tmp_path / "map.png").stat().st_size > 1000
+    assert "vote-1bit" in cm.format_map(res)
