@@ -81,10 +81,11 @@ class StepResult:
         return d
 
 
-def _buckets(params: int, bucket_bytes: float) -> list[int]:
-    per = max(1, int(bucket_bytes // 4))  # fp32 parameters per bucket
+def _buckets(params: int, bucket_bytes: float) -> list[tuple[int, int]]:
+    """Runs of equal buckets in backward's order: (fp32 parameters per bucket, how many such buckets)."""
+    per = max(1, int(bucket_bytes // 4))
     full, last = divmod(params, per)
-    return [per] * full + ([last] if last else [])
+    return ([(per, full)] if full else []) + ([(last, 1)] if last else [])
 
 
 def simulate_step(
@@ -177,7 +178,7 @@ def simulate_step(
         compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
-        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=len(buckets),
+        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict,
     )
 
@@ -226,21 +227,27 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
     # on CPU ranks (codec_on_compute) each bucket's codec runs on the computing cores: backward lasts the
     # codecs longer, and the stream carries only the collectives
     on_cores = times["codec_on_compute"]
-    codec_total = sum(times["codec_bytes"] * e / times["codec_bw"] for e in buckets) if on_cores else 0.0
+    codec_total = sum(k * times["codec_bytes"] * e / times["codec_bw"] for e, k in buckets) if on_cores else 0.0
     bwd = times["bwd"] + codec_total
+
+    def ready(done):
+        return times["fwd"] + bwd * (done / P if overlap else 1.0)
+
     done, end, comm, codec, sent, colls = 0, times["fwd"], 0.0, 0.0, 0.0, []
-    for e in buckets:
-        done += e
-        ready = times["fwd"] + bwd * (done / P if overlap else 1.0)
+    for e, k in buckets:
         t_codec = times["codec_bytes"] * e / times["codec_bw"]
         t_comm = 0.0
         if N > 1:
             r = run(op, e * elem_bytes)
-            t_comm, sent = r.seconds, sent + r.bytes_sent_per_rank
-            _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds)
-        end = max(end, ready) + (0.0 if on_cores else t_codec) + t_comm
-        comm += t_comm
-        codec += t_codec
+            t_comm, sent = r.seconds, sent + k * r.bytes_sent_per_rank
+            _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds, count=k)
+        c = (0.0 if on_cores else t_codec) + t_comm
+        # bucket j of the run is ready at ready(done + j e) and takes c on the stream, so the stream ends at
+        # the max over j of ready_j + (k - j + 1) c and of end + k c; linear in j: j = 1 or j = k
+        end = max(end + k * c, ready(done + e) + k * c, ready(done + k * e) + c)
+        done += k * e
+        comm += k * t_comm
+        codec += k * t_codec
     if control and N > 1:
         r = run("allreduce", wire.CONTROL.nbytes)
         end = max(end, times["fwd"] + bwd) + r.seconds
@@ -259,12 +266,12 @@ def _vote_step(run, method, buckets, N, times, K) -> dict:
         r = run("allreduce", wire.CONTROL.nbytes)
         comm, sent = r.seconds, r.bytes_sent_per_rank
         _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
-    for e in buckets:
-        codec += times["codec_bytes"] * e / times["codec_bw"]
+    for e, k in buckets:
+        codec += k * times["codec_bytes"] * e / times["codec_bw"]
         if N > 1:
             r = run(method, 4 * e)
-            comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
-            _tally(colls, method, r.algorithm, 4 * e, r.seconds)
+            comm, sent = comm + k * r.seconds, sent + k * r.bytes_sent_per_rank
+            _tally(colls, method, r.algorithm, 4 * e, r.seconds, count=k)
     t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, collectives=colls)
     _add_momentum_sync(t, run, buckets, N, K)
     t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
@@ -277,10 +284,10 @@ def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
     if K is None or N == 1:
         return
     total, bytes_ = 0.0, 0.0
-    for e in buckets:
+    for e, k in buckets:
         r = run("momentum-sync", 4 * e)
-        total, bytes_ = total + r.seconds, bytes_ + r.bytes_sent_per_rank
-        _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K)
+        total, bytes_ = total + k * r.seconds, bytes_ + k * r.bytes_sent_per_rank
+        _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
     t["msync"] = total / K
     t["comm"] += t["msync"]
     t["exposed"] += t["msync"]
@@ -288,13 +295,13 @@ def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
     t["sent"] += bytes_ / K
 
 
-def _tally(colls, what, alg, nbytes, seconds, per_step=1.0):
+def _tally(colls, what, alg, nbytes, seconds, per_step=1.0, count=1):
     for c in colls:
         if c["what"] == what and c["size_bytes"] == nbytes and c["algorithm"] == alg:
-            c["count"] += 1
+            c["count"] += count
             return
     colls.append({"what": what, "algorithm": alg, "size_bytes": nbytes, "seconds": seconds,
-                  "per_step": per_step, "count": 1})
+                  "per_step": per_step, "count": count})
 
 
 def _step_spec(algorithm, cluster) -> dict:
