@@ -42,6 +42,7 @@ def _compare(gt, eq, plane, half, K: tl.constexpr):
 def _vote_tile(rows_ptr, sign_ptr, nz_ptr, w, N, half, B, HAS_NZ: tl.constexpr, NPL: tl.constexpr,
                BW: tl.constexpr, MASKED: tl.constexpr):
     mask = w < B
+    # one variable per bit plane of the count (up to 2**NPL - 1 votes): Triton has no arrays of tensors
     p0 = tl.full([BW], 0, tl.int32)
     p1 = p0
     p2 = p0

@@ -1,4 +1,4 @@
-"""The simulator at cluster scale (issue 16): the fast path (representative ranks, classes of ranks for
+"""The simulator at cluster scale: the fast path (representative ranks, classes of ranks for
 trees, fast-forwarded steady states, trains, candidates pruned by lower bounds) against the exact,
 rank-by-rank, message-by-message simulation, and the bounds it prunes with."""
 

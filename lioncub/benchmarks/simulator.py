@@ -3,7 +3,7 @@ and at cluster scale.
 
 Targets (on a 2-core machine):
   a 1024-rank ring allreduce of 256 MiB simulates in under 10 s;
-  cluster scale (issue 16), `simulate collective --op allreduce --size 1GiB --bandwidth 1Gbit` (nccl, one
+  cluster scale, `simulate collective --op allreduce --size 1GiB --bandwidth 1Gbit` (nccl, one
   rank per node): `auto` at 1024 ranks <= 1 s, at 100,000 ranks <= 10 s and <= 1 GiB; the binomial tree
   alone at 1024 ranks <= 2 s; wall time growing at most linearly from 1,000 to 100,000 ranks; `simulate
   step` vote-1bit with 70B parameters at 100,000 ranks <= 10 s and <= 1 GiB; `autotune` at 100,000 ranks
