@@ -216,7 +216,7 @@ with contextlib.redirect_stdout(io.StringIO()):
     assert cli.main(["simulate", "step", "--method", "vote-1bit", "--params", "1M", "--compute-seconds", "0.1",
                      "--ranks", "4", "--json"]) == 0
     assert cli.main(["bench", "simulator", "--ranks", "16", "--size", "1MiB", "--step-ranks", "8",
-                     "--params", "1M", "--json"]) == 0
+                     "--params", "1M", "--scale-ranks", "", "--scale-step-ranks", "0", "--json"]) == 0
     for argv in (["bench", "--help"], ["bench", "step", "--help"], ["bench", "kernels", "--help"],
                  ["lab", "--help"], ["calibrate", "--help"], ["autotune", "--help"]):
         try:
