@@ -103,7 +103,8 @@ def register(sub) -> None:
                    + "; built-in (trainable by `lioncub train`, pilots): " + ", ".join(BUILTIN))
     m.add_argument("--params", help="instead of --model: number of parameters (1.3B, 350M); compute from "
                                     f"6 x params x tokens (--tokens, default {DEFAULT_TOKENS})")
-    m.add_argument("--batch", type=int, help="samples per rank per step (sequences, images; built-in: batch_size)")
+    m.add_argument("--batch", "--batch-size", dest="batch", type=int,
+                   help="samples per rank per step (sequences, images; built-in: batch_size); the risk rule reads it")
     m.add_argument("--seq-len", type=int, help="tokens per sequence (GPT presets: 1024)")
     m.add_argument("--block-size", type=int, help="built-in char models: context length (default 64)")
     m.add_argument("--tokens", help="tokens per rank per step (overrides batch x seq-len)")
@@ -147,7 +148,8 @@ def register(sub) -> None:
                    help="a compressed method must beat the best allreduce by this factor to be recommended "
                         "(default 1.10)")
     s.add_argument("--top", type=int, help="show the N fastest configurations (default: the best of each method)")
-    s.add_argument("--lr", type=float, help="learning rate written to the train section and used by pilots")
+    s.add_argument("--lr", type=float, help="learning rate: the risk rule reads it; written to the train section and "
+                                           "used by pilots (default: TrainConfig's tuned one)")
     pl = p.add_argument_group("pilot (imports torch, trains)")
     pl.add_argument("--pilot", type=int, metavar="STEPS", help="train the top candidates for STEPS steps and "
                                                                "rank them by predicted time to the target loss")
@@ -251,7 +253,8 @@ def _search(args, st: _Setup) -> SearchResult:
     return search(st.cluster, st.model.params, st.model.compute_seconds, backend=st.profile, steps=st.steps,
                   methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
-                  overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json)
+                  overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
+                  batch_size=args.batch, lr=args.lr)
 
 
 def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate | None) -> None:

@@ -7,39 +7,49 @@ import math
 from lioncub import methods, schedules
 
 RISK_LEVELS = (("low", 0.20), ("medium", 0.45), ("high", math.inf))  # score < bound
-MEASURED_AT = 4  # ranks of the local measurements the rule is anchored to
-
-# Per-method weights of the rule below (see `risk`).
-_RANK_SLOPE = 0.08  # per doubling of N beyond MEASURED_AT, for majority-vote / sign-averaging aggregation
-_SYNC_WEIGHT = {"l1-pbit": 0.50}  # measured for l1-pbit; the vote methods (and any other) weigh _SYNC_DEFAULT
-_SYNC_DEFAULT = 0.10
-_FLOOR = 0.05  # any compressed method: its update is not the baseline's
+SCORE_PER_EXCESS = 10.0  # score = 10 x the predicted loss excess over the baseline (0.2 = 2%, 0.45 = 4.5%)
 DENSE_WARMUP = {"low": 0, "medium": 200, "high": 500}  # steps of allreduce first, by risk level
+ALIASES = {"vote-allgather": "vote-1bit"}  # the same update as vote-1bit (an all-gather of the same votes)
+UNMEASURED_FLOOR = 0.20  # a method the map does not hold (avg-pbit) scores at least medium
+
+# The fitted map (lioncub/autotune/risk_fit.py, written by `python -m lioncub.autotune.risk_rule fit MAP`)
+from .risk_fit import FIT  # noqa: E402
+
+MEASURED_AT = max(FIT["worlds"])  # the largest world size of the map; beyond it the N slope is extrapolated
+
+
+def _entries_text() -> str:
+    rows = []
+    for key, e in sorted(FIT["entries"].items()):
+        n = e["noise"]
+        rows.append(f"  {key:<20} {100 * e['a']:+5.1f}% lr {100 * e['lr']:+4.1f}% batch {100 * e['batch']:+4.1f}% "
+                    f"N {100 * e['world']:+4.1f}% | spread {100 * n[0]:.1f}% lr {100 * n[1]:+.1f}% batch "
+                    f"{100 * n[2]:+.1f}% N {100 * n[3]:+.1f}%")
+    return "\n".join(rows)
+
 
 RISK_RULE = f"""\
-Convergence risk (a heuristic: the network model cannot predict accuracy). Score = 0 for allreduce
-(plain Lion); for the compressed methods:
-  score = {_FLOOR} + aggregation(method, N) + sync_weight(method) x u(schedule)
-  aggregation = {_RANK_SLOPE} x log2(N / {MEASURED_AT}) (0 for N <= {MEASURED_AT}) for the majority-vote methods
-      (vote-allgather, vote-1bit, vote-pbit) and avg-pbit; the same divided by the levels s for l1-pbit
-      (s levels carry each rank's magnitude, so sign(sum q) approaches sign(sum c); s = 1 is a vote).
-  u = mean over the planned run of the share of each rank's momentum not yet averaged with the others,
-      (1 - b2^(t-1-s)) / (1 - b2^(t-1)) at step t with the last sync at s (b2 = 0.99): 1 without sync,
-      about 0.04 for every:8 and 0.37 for every:100 over a 10000-step run (more in short runs, where the
-      momenta are young).
-  sync_weight = {_SYNC_WEIGHT['l1-pbit']} for l1-pbit, {_SYNC_DEFAULT} for the others.
-Levels: low < {RISK_LEVELS[0][1]}, medium < {RISK_LEVELS[1][1]}, high otherwise.
-Basis, measured: local runs (4 ranks, char-tiny, lr 2e-3, 200 steps, eval loss; allreduce 2.444):
-l1-pbit without sync 2.761 (+13%), l1-pbit every:1 2.374, vote-pbit without sync 2.281, avg-pbit
-without sync 2.386; so at N = 4 only l1-pbit without sync is high. Assumed, not measured: the growth
-with N (majority votes lose accuracy as N grows, L1 levels recover it; the qualitative finding of the
-Lion Cub paper, arXiv:2411.16462, whose slope here is a guess) and the shape between every:1 and no
-sync (the momentum-memory model u). Check them for your model with --pilot.
+Convergence risk, from the measured convergence map ({FIT['source']}: {FIT['model']}, {FIT['steps']} steps,
+final eval loss over allreduce's in the same regime and seed, {len(FIT['seeds'])} seeds). Score = 0 for
+allreduce; for a compressed method, score = {SCORE_PER_EXCESS:g} x the predicted excess loss (upper bound):
+  excess = mean + spread, each  c0 + c_lr x_lr + c_batch x_b + c_N x_N  with
+  x_lr = max(0, log2(lr / {FIT['lr0']:g})), x_b = max(0, log2({FIT['batch0']} / batch per rank)),
+  x_N = max(0, log2(N / {FIT['world0']}))
+fitted per (method, sync) by least squares on the map's construction regimes, slopes >= 0 (a harsher regime
+is never predicted better or less noisy): mean to the cells' mean loss ratio - 1, spread to their seed
+half-spread. Entries (mean: c0 and slopes | spread: c0 and slopes):
+{_entries_text()}
+Sync schedules: none, adaptive and every:10 are on the map; another periodic schedule interpolates between
+the method's none and every:10 entries by the share u of each rank's momentum not yet averaged (u <= u(every:10):
+the every:10 entry); a method without a sync entry uses its none entry. vote-allgather is vote-1bit's update;
+a method not on the map (avg-pbit) scores at least {UNMEASURED_FLOOR} (medium). L1 levels other than 127 // N
+are not on the map. Without --lr / --batch the tuned defaults ({FIT['lr0']:g}, {FIT['batch0']}) are assumed.
+Beyond N = {MEASURED_AT} the N slope is extrapolated (the map stops there).
+Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1][1]}, high otherwise.
+Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']}
 Dense warm-up (LionCub(dense_warmup=K), `lioncub train --dense-warmup K`): the config recommends
 K = {DENSE_WARMUP['medium']} steps at medium risk and {DENSE_WARMUP['high']} at high (none at low), at most a
-tenth of the planned run, as compressed optimizers are usually started (PowerSGD's start_powerSGD_iter,
-1-bit Adam's freeze_step): the first steps, when the momenta are young, run the baseline. A heuristic, not
-measured here; the score does not credit it, and the predicted step time is that of the later steps."""
+tenth of the planned run (as PowerSGD's start_powerSGD_iter, 1-bit Adam's freeze_step); not on the map."""
 
 
 def dense_warmup_for(level: str, steps: int) -> int:
@@ -114,15 +124,31 @@ def unsynced_share(spec: str, steps: int, beta2: float = 0.99) -> float:
     return total / (steps - 1)
 
 
-def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps: int,
-         beta2: float = 0.99, _share: dict | None = None) -> dict:
-    """{score, level, parts} of a configuration under RISK_RULE."""
-    meth = methods.get(method)
-    if meth.dense or ranks == 1:
-        return {"score": 0.0, "level": "low", "aggregation": 0.0, "sync": 0.0, "unsynced_share": 0.0}
-    agg = _RANK_SLOPE * max(0.0, math.log2(ranks / MEASURED_AT))
-    if meth.uses_levels:
-        agg /= meth.resolve_levels(ranks, levels)
+def _entry(method: str, sync: str) -> dict | None:
+    return FIT["entries"].get(f"{ALIASES.get(method, method)}|{sync}")
+
+
+def _excess(e: dict, ranks: int, batch_size: int | None, lr: float | None) -> float:
+    x_lr = max(0.0, math.log2((lr or FIT["lr0"]) / FIT["lr0"]))
+    x_b = max(0.0, math.log2(FIT["batch0"] / (batch_size or FIT["batch0"])))
+    x_n = max(0.0, math.log2(ranks / FIT["world0"]))
+    x = (x_lr, x_b, x_n)
+    mean = e["a"] + e["lr"] * x_lr + e["batch"] * x_b + e["world"] * x_n
+    spread = e["noise"][0] + sum(c * v for c, v in zip(e["noise"][1:], x))
+    return mean + spread
+
+
+def predicted_excess(method: str, ranks: int, momentum_sync: str, steps: int, batch_size: int | None = None,
+                     lr: float | None = None, beta2: float = 0.99,
+                     _share: dict | None = None) -> tuple[float, float, bool]:
+    """(predicted loss excess over the baseline as a fraction, unsynced share u, whether the map holds it)."""
+    sync = _sync_class(momentum_sync)
+    none = _entry(method, "none")
+    if none is None:
+        return 0.0, 1.0, False
+    if sync == "adaptive":
+        e = _entry(method, "adaptive") or none
+        return _excess(e, ranks, batch_size, lr), float("nan"), True
     key = (momentum_sync, steps, beta2)
     if _share is not None and key in _share:
         u = _share[key]
@@ -130,7 +156,176 @@ def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps:
         u = unsynced_share(momentum_sync, steps, beta2)
         if _share is not None:
             _share[key] = u
-    sync = _SYNC_WEIGHT.get(meth.name, _SYNC_DEFAULT) * u
-    score = _FLOOR + agg + sync
-    return {"score": round(score, 4), "level": level_of(score), "aggregation": round(agg, 4),
-            "sync": round(sync, 4), "unsynced_share": round(u, 4)}
+    plain = _excess(none, ranks, batch_size, lr)
+    every = _entry(method, f"every:{FIT['sync_k']}")
+    if every is None or sync == "none":
+        return plain, u, True
+    u_k = unsynced_share(f"every:{FIT['sync_k']}", steps, beta2)
+    synced = _excess(every, ranks, batch_size, lr)
+    if u <= u_k:
+        return synced, u, True
+    w = (u - u_k) / max(1e-12, 1 - u_k)
+    return w * plain + (1 - w) * synced, u, True
+
+
+def _sync_class(spec: str) -> str:
+    text = str(spec).strip().lower()
+    if text.startswith("adaptive"):
+        return "adaptive"
+    return "none" if schedules.parse(text) is None else "periodic"
+
+
+def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps: int,
+         beta2: float = 0.99, _share: dict | None = None, batch_size: int | None = None,
+         lr: float | None = None) -> dict:
+    """{score, level, excess, unsynced_share, measured} of a configuration under RISK_RULE."""
+    meth = methods.get(method)
+    if meth.dense or ranks == 1:
+        return {"score": 0.0, "level": "low", "excess": 0.0, "unsynced_share": 0.0, "measured": True}
+    excess, u, measured = predicted_excess(meth.name, ranks, momentum_sync, steps, batch_size, lr, beta2, _share)
+    score = max(0.0, SCORE_PER_EXCESS * excess)
+    if not measured:
+        proxy, u, _ = predicted_excess("vote-pbit", ranks, momentum_sync, steps, batch_size, lr, beta2, _share)
+        score = max(UNMEASURED_FLOOR, SCORE_PER_EXCESS * proxy)
+        excess = score / SCORE_PER_EXCESS
+    return {"score": round(score, 4), "level": level_of(score), "excess": round(excess, 4),
+            "unsynced_share": None if u != u else round(u, 4), "measured": measured}
+
+
+# --- fitting the rule to the map (python -m lioncub.autotune.risk_rule fit docs/results/convergence-map.json) ---
+
+# regimes (world, batch per rank, lr / tuned lr) kept out of the fit: three of the 2- and 4-rank ones, and
+# every 8-rank one (the fit sees N = 2 and 4 only, so N = 8 checks its extrapolation)
+HELD_OUT = ("N2-b16-x2", "N4-b8-x1", "N4-b16-x2", "N8-b8-x1", "N8-b8-x2", "N8-b16-x1", "N8-b16-x2")
+
+
+def _regime_id(cell: dict, lr0: float) -> str:
+    return f"N{cell['ranks']}-b{cell['batch_size']}-x{round(cell['lr'] / lr0, 3):g}"
+
+
+def _features(cell: dict, lr0: float, batch0: int, world0: int) -> list[float]:
+    return [1.0, max(0.0, math.log2(cell["lr"] / lr0)), max(0.0, math.log2(batch0 / cell["batch_size"])),
+            max(0.0, math.log2(cell["ranks"] / world0))]
+
+
+def _nnls_slopes(X: list[list[float]], y: list[float]) -> list[float]:
+    """Least squares with a free intercept and slopes >= 0: the best over the slopes' active sets."""
+    import itertools
+
+    import numpy as np
+
+    X, y = np.asarray(X), np.asarray(y)
+    best, best_err = [float(np.mean(y)), 0.0, 0.0, 0.0], math.inf
+    for mask in itertools.product((0, 1), repeat=3):
+        cols = [0] + [i + 1 for i, m in enumerate(mask) if m]
+        coef, *_ = np.linalg.lstsq(X[:, cols], y, rcond=None)
+        if any(c < 0 for c in coef[1:]):
+            continue
+        full = [0.0] * 4
+        for c, v in zip(cols, coef):
+            full[c] = float(v)
+        err = float(np.sum((X @ np.asarray(full) - y) ** 2))
+        if err < best_err - 1e-15:
+            best, best_err = full, err
+    return best
+
+
+def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
+    """The rule's entries from a merged convergence map, and its check on the held-out regimes."""
+    cells = map_res["cells"]
+    lr0 = min(c["lr"] for c in cells)
+    world0 = min(c["ranks"] for c in cells)
+    entries = {}
+    by_config: dict = {}
+    for c in cells:  # the configurations the rule reads (variants such as adaptive:T are left out)
+        method, _, sync = c["config"].partition("@")
+        if c["config"] != "allreduce" and (not sync or sync == "adaptive" or sync.startswith("every:")):
+            by_config.setdefault(c["config"], []).append(c)
+    for config, cs in sorted(by_config.items()):
+        train = [c for c in cs if _regime_id(c, lr0) not in held_out]
+        if len(train) < 4 or len({_features(c, lr0, batch0, world0)[1] for c in train}) < 2:
+            continue  # too little of the map (e.g. measured at one lr only) to fit the slopes
+        X = [_features(c, lr0, batch0, world0) for c in train]
+        a, s_lr, s_b, s_n = _nnls_slopes(X, [c["ratio"] - 1 for c in train])
+        # the seed spread: the baseline's own instability, which the map shows grows with lr and small batches;
+        # no N term (two world sizes and two seeds cannot tell an N trend of the noise from the noise)
+        noise = [max(0.0, v) for v in _nnls_slopes([x[:3] + [0.0] for x in X], [c["spread"] for c in train])[:3]]
+        noise.append(0.0)
+        method, _, sync = config.partition("@")
+        entries[f"{method}|{sync or 'none'}"] = dict(
+            a=round(a, 5), lr=round(s_lr, 5), batch=round(s_b, 5), world=round(s_n, 5),
+            noise=[round(v, 5) for v in noise], cells=len(train))
+    fitted = dict(source="docs/results/convergence-map.json", model=map_res["model"], steps=map_res["steps"],
+                  seeds=sorted({s for c in cells for s in c["seeds"]}), lr0=lr0, batch0=batch0, world0=world0,
+                  worlds=sorted({c["ranks"] for c in cells if _regime_id(c, lr0) not in held_out}), sync_k=10,
+                  held_out=sorted({_regime_id(c, lr0) for c in cells} & set(held_out)),
+                  entries=entries, check="")
+    return fitted
+
+
+def check(map_res: dict, fitted: dict) -> dict:
+    """On the held-out regimes: of the (regime, configuration) cells the rule calls low risk, the share
+    whose measured mean loss is within 2% of the baseline."""
+    global FIT
+    saved, FIT = FIT, fitted
+    try:
+        rows = []
+        for c in map_res["cells"]:
+            if c["config"] == "allreduce" or _regime_id(c, fitted["lr0"]) not in fitted["held_out"]:
+                continue
+            method, _, sync = c["config"].partition("@")
+            if f"{method}|{sync or 'none'}" not in fitted["entries"]:
+                continue
+            r = risk(method, c["ranks"], None, sync or "none", map_res["steps"], batch_size=c["batch_size"], lr=c["lr"])
+            rows.append(dict(config=c["config"], regime=_regime_id(c, fitted["lr0"]), level=r["level"],
+                             score=r["score"], measured=round(c["ratio"] - 1, 5), within_2pct=c["ratio"] <= 1.02))
+        low = [r for r in rows if r["level"] == "low"]
+        hits = sum(r["within_2pct"] for r in low)
+        good = sum(r["within_2pct"] for r in rows)
+        return dict(cells=rows, low=len(low), low_within_2pct=hits, hit_rate=hits / len(low) if low else None,
+                    held_out_cells=len(rows), within_2pct=good, recall=hits / good if good else None)
+    finally:
+        FIT = saved
+
+
+def _write_fit(fitted: dict, path: str) -> None:
+    import pprint
+
+    with open(path, "w") as f:
+        f.write('"""The convergence map fitted for the risk rule (written by `python -m lioncub.autotune.risk_rule '
+                'fit`; do not edit)."""\n\n')
+        f.write("FIT = " + pprint.pformat(fitted, width=116, sort_dicts=True) + "\n")
+
+
+def main(argv=None) -> int:
+    import argparse
+    import json
+    import os
+
+    p = argparse.ArgumentParser(prog="python -m lioncub.autotune.risk_rule")
+    p.add_argument("command", choices=["fit"])
+    p.add_argument("map", help="merged convergence map JSON (lioncub bench convergence --merge ... --output)")
+    p.add_argument("--check-output", help="write the held-out check here (JSON)")
+    args = p.parse_args(argv)
+    with open(args.map) as f:
+        map_res = json.load(f)
+    fitted = fit(map_res)
+    result = check(map_res, fitted)
+    rate = result["hit_rate"]
+    fitted["check"] = (f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
+                       + (f" ({100 * rate:.0f}%)" if rate is not None else "")
+                       + f"; {result['within_2pct']} of the {result['held_out_cells']} held-out cells were within 2%, "
+                       + f"{result['low_within_2pct']} of them called low")
+    _write_fit(fitted, os.path.join(os.path.dirname(__file__), "risk_fit.py"))
+    if args.check_output:
+        with open(args.check_output, "w") as f:
+            json.dump(dict(fit=fitted, **result), f, indent=1)
+    print(fitted["check"])
+    for r in result["cells"]:
+        print(f"  {r['regime']:<14} {r['config']:<20} {r['level']:<6} score {r['score']:.2f}  measured "
+              f"{100 * r['measured']:+.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -163,11 +163,12 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            methods=registry.NAMES, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
-           progress: bool = False) -> SearchResult:
+           progress: bool = False, batch_size: int | None = None, lr: float | None = None) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
     steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
+    batch_size, lr: the per-rank batch and learning rate the risk rule reads (None: the tuned defaults).
     overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
         `LionCub(method="allreduce")` does (False).
     momentum_syncs: schedule strings (default: `default_schedules(steps)`).
@@ -186,7 +187,8 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=parse_byte_rate(memory_bandwidth),
                    overlap=overlap, cache=cache)
     base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
-    cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress)
+    cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
+                            dict(batch_size=batch_size, lr=lr))
     order = {m: i for i, m in enumerate(registry.NAMES)}
     cands.sort(key=lambda c: (c.step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
     ranked = [c for c in cands if c.risk["score"] <= max_risk]
@@ -232,7 +234,8 @@ def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, 
                 momentum_syncs=scheds)
 
 
-def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress) -> list[Candidate]:
+def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress,
+                    regime=None) -> list[Candidate]:
     """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
     no-sync step plus their syncs per step times one sync."""
     N = cluster.ranks
@@ -280,7 +283,7 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                     momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
                     bytes_per_step=r.bytes_sent_per_rank + extra_b,
                     speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=risk(m, N, lv, s, steps, beta2, _share=share)))
+                    collectives=r.collectives, risk=risk(m, N, lv, s, steps, beta2, _share=share, **(regime or {}))))
             if bar is not None:
                 bar.update(1)
     finally:

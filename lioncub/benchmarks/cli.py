@@ -86,6 +86,10 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--part", metavar="I/N", help="--grid: run the I-th of N contiguous slices of the runs")
     p.add_argument("--output", metavar="JSON", help="--grid: write (and resume) the runs here; --merge: the map")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
+    p.add_argument("--worlds", help="--grid: world sizes (default 2,4)")
+    p.add_argument("--batches", help="--grid: per-rank batches (default 8,16)")
+    p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of the default (default 1,2)")
+    p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
 
 
 # name -> (options, module of this package, its run function, help)

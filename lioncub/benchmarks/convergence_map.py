@@ -35,10 +35,10 @@ def _default_lr() -> float:
     return TrainConfig.lr
 
 
-def regimes(lr: float | None = None) -> list[dict]:
+def regimes(lr: float | None = None, worlds=WORLDS, batches=BATCHES, lr_factors=LR_FACTORS) -> list[dict]:
     lr = _default_lr() if lr is None else lr
     return [dict(ranks=n, batch_size=b, lr=round(lr * f, 10))
-            for n, b, f in itertools.product(WORLDS, BATCHES, LR_FACTORS)]
+            for n, b, f in itertools.product(worlds, batches, lr_factors)]
 
 
 def regime_key(r: dict) -> str:
@@ -50,9 +50,9 @@ def split_config(config: str) -> tuple[str, str]:
     return method, sync or "none"
 
 
-def runs(configs=CONFIGS, seeds=SEEDS, lr: float | None = None) -> list[dict]:
+def runs(configs=CONFIGS, seeds=SEEDS, lr: float | None = None, **grid) -> list[dict]:
     """Every run of the grid, in order: configuration by configuration, then regime, then seed."""
-    return [dict(config=c, seed=s, **r) for c in configs for r in regimes(lr) for s in seeds]
+    return [dict(config=c, seed=s, **r) for c in configs for r in regimes(lr, **grid) for s in seeds]
 
 
 def part_of(items: list, spec: str | None) -> list:
@@ -71,11 +71,11 @@ def _key(run: dict) -> tuple:
 
 
 def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int = STEPS, model: str = MODEL,
-             seeds=SEEDS, lr: float | None = None) -> dict:
+             seeds=SEEDS, lr: float | None = None, **grid) -> dict:
     from lioncub import schedules
     from lioncub.train.loop import TrainConfig, train_local
 
-    todo = part_of(runs(configs, seeds, lr), part)
+    todo = part_of(runs(configs, seeds, lr, **grid), part)
     done = []
     if output and os.path.exists(output):
         with open(output) as f:
@@ -147,6 +147,12 @@ def merge(paths: list[str]) -> dict:
                 cells=out, runs=sorted(rows.values(), key=lambda r: tuple(map(str, _key(r)))))
 
 
+def ordered_configs(cells) -> list[str]:
+    """The configurations present, in CONFIGS order, then any others (e.g. adaptive:T variants) sorted."""
+    present = {x["config"] for x in cells}
+    return [c for c in CONFIGS if c in present] + sorted(present - set(CONFIGS))
+
+
 def plot(res: dict, path: str) -> None:
     import matplotlib
 
@@ -155,7 +161,7 @@ def plot(res: dict, path: str) -> None:
     import numpy as np
 
     cells = res["cells"]
-    configs = [c for c in CONFIGS if any(x["config"] == c for x in cells)]
+    configs = ordered_configs(cells)
     regs = sorted({(x["ranks"], x["batch_size"], x["lr"]) for x in cells})
     grid = np.full((len(configs), len(regs)), np.nan)
     spread = np.full_like(grid, np.nan)
@@ -204,7 +210,12 @@ def run_convergence(args) -> int:
         print(json.dumps(res, indent=1) if args.json else format_map(res))
         return 0
     configs = tuple(args.configs.split(",")) if args.configs else CONFIGS
-    res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL)
+    grid = {}
+    for name, cast in (("worlds", int), ("batches", int), ("lr_factors", float)):
+        if getattr(args, name, None):
+            grid[name] = tuple(cast(x) for x in getattr(args, name).split(","))
+    seeds = tuple(int(x) for x in args.seeds.split(",")) if getattr(args, "seeds", None) else SEEDS
+    res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds, **grid)
     if args.json:
         print(json.dumps(res, indent=1))
     return 0
