@@ -15,7 +15,8 @@ UNMEASURED_FLOOR = 0.20  # a method the map does not hold (avg-pbit) scores at l
 # The fitted map (lioncub/autotune/risk_fit.py, written by `python -m lioncub.autotune.risk_rule fit MAP`)
 from .risk_fit import FIT  # noqa: E402
 
-MEASURED_AT = max(FIT["worlds"])  # the largest world size of the map; beyond it the N slope is extrapolated
+MEASURED_AT = max(FIT["worlds"])  # the largest world size the rule was fitted on; beyond it the N slope is extrapolated
+CHECKED_UP_TO = max(FIT.get("map_worlds", FIT["worlds"]))  # the largest world size on the map (held-out check)
 
 
 def _entries_text() -> str:
@@ -44,7 +45,8 @@ the method's none and every:10 entries by the share u of each rank's momentum no
 the every:10 entry); a method without a sync entry uses its none entry. vote-allgather is vote-1bit's update;
 a method not on the map (avg-pbit) scores at least {UNMEASURED_FLOOR} (medium). L1 levels other than 127 // N
 are not on the map. Without --lr / --batch the tuned defaults ({FIT['lr0']:g}, {FIT['batch0']}) are assumed.
-Beyond N = {MEASURED_AT} the N slope is extrapolated (the map stops there).
+The fit sees N <= {MEASURED_AT}; its N slope was checked on held-out N <= {CHECKED_UP_TO}; beyond N = {CHECKED_UP_TO}
+(off the map) a compressed method scores at least {UNMEASURED_FLOOR} (medium): an extrapolation is not "low".
 Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1][1]}, high otherwise.
 Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']}
 Dense warm-up (LionCub(dense_warmup=K), `lioncub train --dense-warmup K`): the config recommends
@@ -184,7 +186,10 @@ def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps:
         return {"score": 0.0, "level": "low", "excess": 0.0, "unsynced_share": 0.0, "measured": True}
     excess, u, measured = predicted_excess(meth.name, ranks, momentum_sync, steps, batch_size, lr, beta2, _share)
     score = max(0.0, SCORE_PER_EXCESS * excess)
-    if not measured:
+    if measured and ranks > max(FIT.get("map_worlds", FIT["worlds"])):  # off the map: an extrapolation is not low
+        score, measured = max(score, UNMEASURED_FLOOR), False
+        excess = max(excess, score / SCORE_PER_EXCESS)
+    elif not measured:
         proxy, u, _ = predicted_excess("vote-pbit", ranks, momentum_sync, steps, batch_size, lr, beta2, _share)
         score = max(UNMEASURED_FLOOR, SCORE_PER_EXCESS * proxy)
         excess = score / SCORE_PER_EXCESS
@@ -258,6 +263,7 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
     fitted = dict(source="docs/results/convergence-map.json", model=map_res["model"], steps=map_res["steps"],
                   seeds=sorted({s for c in cells for s in c["seeds"]}), lr0=lr0, batch0=batch0, world0=world0,
                   worlds=sorted({c["ranks"] for c in cells if _regime_id(c, lr0) not in held_out}), sync_k=10,
+                  map_worlds=sorted({c["ranks"] for c in cells}),
                   held_out=sorted({_regime_id(c, lr0) for c in cells} & set(held_out)),
                   entries=entries, check="")
     return fitted
