@@ -81,8 +81,10 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
                 print(f"  {bw} {method}@{sync}{' in DDP' if hooked else ''}: {1e3 * s['mean_step_seconds']:.1f} ms, "
                       f"loss {s['final_loss']:.4f}",
                       file=sys.stderr, flush=True)
+        # the reference: ddp+lion, else LionCub's allreduce, else the first row (e.g. vote-1bit alone against
+        # itself in DDP with --ddp-hook)
         base = next((r for r in rows if r["method"] == DDP_LION), None) or next(
-            (r for r in rows if r["method"] == "allreduce"), None)
+            (r for r in rows if r["method"] == "allreduce"), None) or (rows[0] if rows else None)
         if base is None:
             continue
         for r in rows:  # time per step averaged over the run: periodic momentum syncs included
