@@ -241,7 +241,7 @@ def broadcast_parameters(module_or_tensors, src: int = 0, group=None) -> None:
             offset += t.numel()
 
 
-def finish(grace_s: float = 0.1) -> None:
+def finish(grace_s: float = 0.3) -> None:
     """End a distributed run: wait for every rank, destroy all process groups, let Gloo settle.
 
     Call it last in a torchrun script instead of a bare destroy_process_group(). Gloo's worker threads
@@ -249,8 +249,12 @@ def finish(grace_s: float = 0.1) -> None:
     completes. If that happens while the interpreter is already shutting down, the thread cannot take
     the GIL and torch aborts the process ("terminate called without an active exception", exit -6)
     although all work finished. The barrier makes every rank finish every collective; the grace
-    period lets the workers drop them before Python starts finalising.
+    period lets the workers drop them before Python starts finalising. LionCub's communication threads
+    are ended first, for the same reason.
     """
+    from lioncub import overlap
+
+    overlap.shutdown()
     if not (dist.is_available() and dist.is_initialized()):
         return
     slow = dist.get_backend() == "gloo"

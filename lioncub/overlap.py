@@ -20,6 +20,7 @@ backward.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import queue
 import threading
@@ -29,6 +30,17 @@ import weakref
 import torch
 
 _FLUSH, _STOP = "flush", "stop"
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for shutdown()
+
+
+def shutdown(timeout: float = 5.0) -> None:
+    """End every communication thread and wait for it (lioncub.finish() and interpreter exit call this): a
+    thread still alive while Python finalises could be stopped inside torch and abort the process."""
+    for ov in list(_LIVE):
+        ov.close(join_timeout=timeout)
+
+
+atexit.register(shutdown)
 
 
 class Overlap:
@@ -87,6 +99,7 @@ class Overlap:
             self._thread = threading.Thread(target=_serve, args=(self._jobs, self._opt, self._stream),
                                             name="lioncub-comm", daemon=True)
             self._thread.start()
+            _LIVE.add(self)
         self.results = None
         n = len(opt._buckets)
         self._pass = dict(pending=[len(b.params) for b in opt._buckets], complete=[False] * n, cursor=0,
@@ -116,14 +129,17 @@ class Overlap:
             raise state["error"]
         self.results = state
 
-    def close(self) -> None:
-        """Remove the hooks and end the thread (also when the optimizer is garbage-collected)."""
+    def close(self, join_timeout: float | None = None) -> None:
+        """Remove the hooks and end the thread (also when the optimizer is garbage-collected); with
+        join_timeout, wait that long for it to end."""
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        if self._thread is not None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
             self._jobs.put(_STOP)
-            self._thread = None
+            if join_timeout is not None and thread is not threading.current_thread():
+                thread.join(join_timeout)
 
     def __del__(self):
         self.close()
