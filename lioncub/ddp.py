@@ -52,13 +52,13 @@ def attach_ddp(ddp_model, opt) -> None:
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError(f"attach_ddp needs a torch DistributedDataParallel model, got {type(ddp_model).__name__}")
     opt = unwrap_optimizer(opt)
+    if opt._ddp is ddp_model:
+        return
     mine = {id(p) for b in opt._buckets for p in b.params}
     theirs = {id(p) for p in ddp_model.module.parameters() if p.requires_grad}
     if mine != theirs:
         raise ValueError(f"the optimizer's parameters ({len(mine)}) are not the DDP model's trainable parameters "
                          f"({len(theirs)}): build LionCub on model.parameters() of the model DDP wraps")
-    if getattr(opt, "_ddp", None) is ddp_model:
-        return
     import torch.distributed as dist
 
     ddp_model.register_comm_hook(None, _no_allreduce)

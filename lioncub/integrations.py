@@ -34,7 +34,7 @@ def attach_to_trainer(trainer) -> None:
 
     class _AttachLionCub(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
-            if _ddp(trainer.model_wrapped):
+            if _ddp(trainer.model_wrapped):  # (a no-op once attached)
                 attach_ddp(trainer.model_wrapped, trainer.optimizer)
 
     if trainer.optimizer is None:

@@ -89,6 +89,14 @@ class Bucket:
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
         self.exchange = None  # built on first use by the method
+        size = p.element_size()  # where each parameter's .data and .grad views start (checked every step)
+        self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
+        self.grad_ptrs = [g.data_ptr() + size * s for s in offsets[:-1]]
+
+    def grad_in_place(self, i: int, param) -> bool:
+        """Whether parameter i's .grad is still its view of the bucket."""
+        grad = param.grad
+        return grad is not None and grad.data_ptr() == self.grad_ptrs[i] and grad.numel() == param.numel()
 
 
 class _Timer:
@@ -183,6 +191,7 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = True
         self._warned_regrad = False
         self._private_grads = False  # set by lioncub.ddp.attach_ddp: DDP owns .grad, the buckets hold copies
+        self._ddp = None  # the DistributedDataParallel model attach_ddp attached this optimizer to
         self._averaged = None  # dense: gradients averaged before step() (by clip_grad_norm_ or the scaler)
         self._wants_sumsq = False  # clip_grad_norm_ was called: backward passes sum the squared gradients
         self._grad_scaler = None  # weakref to the lioncub.amp.GradScaler whose scale backward divides out
@@ -261,12 +270,9 @@ class LionCub(torch.optim.Optimizer):
             return
         for b in self._buckets:
             b.g.zero_()
-            offset = 0
-            for p in b.params:
-                n = p.numel()
-                if p.grad is None or p.grad.data_ptr() != b.g[offset:].data_ptr():
-                    p.grad = b.g[offset : offset + n].view_as(p)
-                offset += n
+            for i, (p, start, end) in enumerate(zip(b.params, b.offsets[:-1], b.offsets[1:])):
+                if not b.grad_in_place(i, p):
+                    p.grad = b.g[start:end].view_as(p)
 
     @torch.no_grad()
     def _adopt_moved_params(self) -> None:
@@ -274,10 +280,10 @@ class LionCub(torch.optim.Optimizer):
         model.to("cpu:0") copies): bring the values back into the bucket and make .data its view again, so
         the update lands in the model."""
         for b in self._buckets:
-            for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
-                view = b.p[start:end]
-                if p.data_ptr() == view.data_ptr():
+            for p, ptr, start, end in zip(b.params, b.data_ptrs, b.offsets[:-1], b.offsets[1:]):
+                if p.data_ptr() == ptr:
                     continue
+                view = b.p[start:end]
                 if p.device != view.device or p.dtype != view.dtype:
                     raise ValueError(f"a parameter moved to {p.device}/{p.dtype} after LionCub was built on "
                                      f"{view.device}/{view.dtype}: build the optimizer after model.to(...)")
@@ -295,11 +301,10 @@ class LionCub(torch.optim.Optimizer):
             for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
                 self._copy_grad(p, b.g[start:end])
             return
-        for p, start, end in zip(b.params, b.offsets[:-1], b.offsets[1:]):
-            view = b.g[start:end]
-            grad = p.grad
-            if grad is not None and grad.data_ptr() == view.data_ptr() and grad.numel() == view.numel():
+        for i, (p, start, end) in enumerate(zip(b.params, b.offsets[:-1], b.offsets[1:])):
+            if b.grad_in_place(i, p):
                 continue
+            view, grad = b.g[start:end], p.grad
             if grad is None:
                 view.zero_()
             else:
@@ -461,9 +466,8 @@ class LionCub(torch.optim.Optimizer):
         for b, version in zip(self._buckets, versions):
             if b.g._version != version:
                 return False
-            for p, start in zip(b.params, b.offsets):
-                if p.grad is None or p.grad.data_ptr() != b.g[start:].data_ptr():
-                    return False
+            if not all(b.grad_in_place(i, p) for i, p in enumerate(b.params)):
+                return False
         return True
 
     def _hyper(self, b: Bucket) -> dict:

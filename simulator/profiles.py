@@ -30,6 +30,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lioncub.paths import read_json
+
 # Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
 # - 12 (TCP timestamp option) = 1448 payload bytes and takes 1500 + 14 (header) + 4 (FCS) + 8 (preamble)
 # + 12 (inter-frame gap) = 1538 byte times on the wire.
@@ -220,12 +222,7 @@ class BackendProfile:
     def load(cls, path, base: BackendProfile | str | None = None) -> BackendProfile:
         """Read a calibration JSON file (a profile object, possibly partial). Fields it lacks come from
         `base`, else from the built-in profile named by its `name` field, else from the defaults."""
-        try:
-            data = json.loads(Path(path).read_text())
-        except OSError as exc:
-            raise ValueError(f"cannot read calibration file {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"calibration file {path} is not valid JSON: {exc}") from None
+        data = read_json(path, "calibration file")
         if base is None and isinstance(data, dict) and data.get("name") in BUILTIN:
             base = data["name"]
         return cls.from_dict(data, base=base)

@@ -9,6 +9,7 @@ import os
 
 import torch
 import torch.distributed as dist
+from dist_cases import flat, gather
 
 from lioncub import LionCub
 
@@ -25,16 +26,6 @@ def model():
 def batch(rank, step):
     gen = torch.Generator().manual_seed(1000 * step + rank)
     return torch.randn(8, 6, generator=gen), torch.randn(8, 3, generator=gen)
-
-
-def gather(t):
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t.contiguous())
-    return out
-
-
-def flat(tensors):
-    return torch.cat([t.detach().float().reshape(-1) for t in tensors])
 
 
 def momenta(opt, net):

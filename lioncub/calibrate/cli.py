@@ -7,7 +7,7 @@ import sys
 import time
 from pathlib import Path
 
-from lioncub.paths import check_writable
+from lioncub.paths import check_writable, read_json
 
 from . import _in_torchrun, calibrate_lab, run_torchrun
 from .fit import fit
@@ -51,12 +51,7 @@ def register(sub) -> None:
 
 
 def _load_raw(path) -> dict:
-    try:
-        raw = json.loads(Path(path).read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read measurements {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"measurements file {path} is not valid JSON: {exc}") from None
+    raw = read_json(path, "measurements file")
     if isinstance(raw, list):
         raw = {"measurements": raw}
     if not isinstance(raw, dict) or not isinstance(raw.get("measurements"), list):

@@ -117,13 +117,11 @@ class Exchange:
 
     code: the buffer the codec kernel fills (a dense method: the gradients themselves).
     layout: the p-bit FieldLayout, or None. collectives: what one call puts on the wire.
-    vote_bytes: bytes of packed votes `vote()` reads (0 where there is no local vote).
     `__call__()` runs the collectives, with `vote()` (the local work between them) where the method has
     one, and returns `agreed()`: the agreed code for `lioncub.kernels.unpack_apply`.
     """
 
     layout = None
-    vote_bytes = 0
 
     def __init__(self, method: Method, n: int, group, levels: int, world_size: int | None):
         self.group, self.name = group, method.name

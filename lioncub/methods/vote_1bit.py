@@ -52,7 +52,6 @@ class OneBitAllreduce(Exchange):
         super().__init__(method, n, group, 0, world_size)
         N = self.N
         self.chunk = chunk_bytes(n, N)
-        self.vote_bytes = N * self.chunk
         self.planes = wire.result_planes(N)
         u8 = dict(dtype=torch.uint8, device=device)
         self.code = torch.zeros(N * self.chunk, **u8)

@@ -37,7 +37,6 @@ class SignAllgather(Exchange):
     def __init__(self, method, n, device, group, world_size):
         super().__init__(method, n, group, 0, world_size)
         nbytes = -(-n // 8)
-        self.vote_bytes = self.N * nbytes
         u8 = dict(dtype=torch.uint8, device=device)
         self.code = torch.zeros(nbytes, **u8)
         self.gathered = torch.empty(self.N * nbytes, **u8)
