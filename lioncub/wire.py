@@ -114,11 +114,23 @@ SIGNS = Codec("signs")
 @dataclass(frozen=True)
 class Collective:
     """One collective call. `nbytes` follows the simulator's SIZE convention: the bytes of each rank's
-    whole buffer (all-reduce input, all-to-all send buffer, all-gather output)."""
+    whole buffer (all-reduce input, all-to-all send buffer, all-gather output, reduce-scatter input).
+    `scope` is the group it runs on: "world" (every data-parallel rank), or in the hierarchical layout
+    "node" (the G ranks of one node, over the fast links) or "cross" (the N/G ranks with the same local
+    rank, one per node)."""
 
-    op: str  # "allreduce" | "allgather" | "alltoall"
+    op: str  # "allreduce" | "allgather" | "alltoall" | "reducescatter"
     nbytes: int
     dtype: str
+    scope: str = "world"
+
+    def group_size(self, world_size: int, node_size: int = 1) -> int:
+        """Ranks in this collective's group."""
+        if self.scope == "node":
+            return node_size
+        if self.scope == "cross":
+            return world_size // node_size
+        return world_size
 
 
 # Each compressed step agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient, and the
@@ -151,7 +163,18 @@ def bus_factor(op: str, ranks: int) -> float:
     raise ValueError(f"unknown collective {op!r}")
 
 
-def traffic(collectives: list[Collective], world_size: int) -> tuple[int, int]:
-    """(bytes sent, bytes received) per rank with bandwidth-optimal algorithms."""
-    total = sum(bus_factor(c.op, world_size) * c.nbytes for c in collectives)
+def traffic(collectives: list[Collective], world_size: int, node_size: int = 1) -> tuple[int, int]:
+    """(bytes sent, bytes received) per rank with bandwidth-optimal algorithms (node_size: G of the
+    hierarchical layout, for collectives scoped to a node or across nodes)."""
+    total = sum(bus_factor(c.op, c.group_size(world_size, node_size)) * c.nbytes for c in collectives)
     return int(total), int(total)
+
+
+SHARD_ALIGN = 64  # elements: every shard of a bucket starts on a 64-element (cache-line, whole-byte) boundary
+
+
+def shard_elements(n: int, node_size: int) -> int:
+    """Elements of each of the G shards of an n-element bucket in the hierarchical layout (the last shard
+    is padded with zeros): ceil(n / G) rounded up to SHARD_ALIGN."""
+    per = -(-n // node_size)
+    return -(-per // SHARD_ALIGN) * SHARD_ALIGN

@@ -20,6 +20,10 @@ class Allreduce(Method):
             return []
         return [wire.Collective("allreduce", wire.DTYPE_BYTES[grad_dtype] * n, grad_dtype)]
 
+    def hierarchical_collectives(self, n, world_size, node_size, levels=0, grad_dtype="float32"):
+        raise ValueError("the hierarchical layout is for the compressed methods; allreduce averages gradients "
+                         "(NCCL and Gloo choose their own hierarchy)")
+
     def wire_bits_per_element(self, world_size, levels=0):
         return wire.bus_factor("allreduce", world_size) * 32 if world_size > 1 else 0.0
 

@@ -59,6 +59,29 @@ class Method:
         """The collectives one bucket of `n` elements costs per step (not the step's control message)."""
         raise NotImplementedError
 
+    def agreed_bytes(self, n: int, world_size: int, levels: int = 0) -> int:
+        """Bytes of the agreed code of n elements (what the hierarchical layout all-gathers inside a node)."""
+        raise NotImplementedError
+
+    def hierarchical_collectives(self, n: int, world_size: int, node_size: int, levels: int = 0,
+                                 grad_dtype: str = "float32") -> list[wire.Collective]:
+        """The collectives of one n-element bucket in the hierarchical layout (G = node_size ranks per
+        node, N / G nodes; `levels` as resolved for N / G voters): reduce-scatter the gradients inside
+        the node (each local rank gets the node's mean of its shard of wire.shard_elements(n, G)), the
+        method's own collectives on the shard across nodes, all-gather the agreed codes inside the node."""
+        G = node_size
+        if G < 1 or world_size % G:
+            raise ValueError(f"{world_size} ranks cannot form nodes of {G}")
+        S = wire.shard_elements(n, G)
+        out = []
+        if G > 1:
+            out.append(wire.Collective("reducescatter", G * S * wire.DTYPE_BYTES[grad_dtype], grad_dtype, "node"))
+        out += [wire.Collective(c.op, c.nbytes, c.dtype, "cross") for c in self.collectives(S, world_size // G, levels)]
+        if G > 1:
+            out.append(wire.Collective("allgather", G * self.agreed_bytes(S, world_size // G, levels), "uint8",
+                                       "node"))
+        return out
+
     def wire_bits_per_element(self, world_size: int, levels: int = 0) -> float:
         """Bits each rank sends per parameter per step with bandwidth-optimal collectives (large n)."""
         raise NotImplementedError
@@ -91,6 +114,9 @@ class FieldMethod(Method):
             return []
         lay = self.layout(world_size, levels)
         return [wire.Collective("allreduce", lay.nbytes(n), lay.dtype)]
+
+    def agreed_bytes(self, n, world_size, levels=0):
+        return self.layout(world_size, levels).nbytes(n)
 
     def wire_bits_per_element(self, world_size, levels=0):
         if world_size == 1:

@@ -30,6 +30,9 @@ class Vote1Bit(Method):
         return [wire.Collective("alltoall", N * chunk, "uint8"),
                 wire.Collective("allgather", N * chunk * wire.result_planes(N), "uint8")]
 
+    def agreed_bytes(self, n, world_size, levels=0):
+        return world_size * chunk_bytes(n, world_size) * wire.result_planes(world_size)
+
     def wire_bits_per_element(self, world_size, levels=0):
         if world_size == 1:
             return 0.0

@@ -21,6 +21,9 @@ class VoteAllgather(Method):
             return []
         return [wire.Collective("allgather", world_size * -(-n // 8), "uint8")]
 
+    def agreed_bytes(self, n, world_size, levels=0):
+        return wire.result_planes(world_size) * -(-n // 8)
+
     def wire_bits_per_element(self, world_size, levels=0):
         return wire.bus_factor("allgather", world_size) * world_size if world_size > 1 else 0.0
 

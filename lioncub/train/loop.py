@@ -47,6 +47,8 @@ class TrainConfig:
     grad_wire_dtype: str = "float32"
     overlap: bool = True
     ddp_hook: bool = False  # wrap the model in torch DDP and attach LionCub to it (lioncub.attach_ddp)
+    hierarchical: bool = False  # LionCub's hierarchical layout: average inside a node, vote across nodes
+    node_size: int | None = None  # ranks per node for `hierarchical` (None: torchrun's LOCAL_WORLD_SIZE)
     seed: int = 0
     eval_batches: int = 8
     checkpoint_dir: str | None = None
@@ -65,6 +67,10 @@ class TrainConfig:
         schedules.parse(self.momentum_sync)  # validate early
         if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
             raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
+        if self.hierarchical and (self.method in (DDP_LION, "allreduce") or self.dense_warmup):
+            raise ValueError("hierarchical applies to the compressed methods, without dense_warmup")
+        if self.node_size is not None and self.node_size < 1:
+            raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -204,7 +210,7 @@ def make_optimizer(cfg: TrainConfig, model):
     return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                    method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
                    bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
-                   dense_warmup=cfg.dense_warmup)
+                   dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size)
 
 
 def _step_figures(opt, backward_s: float, world: int) -> dict:
