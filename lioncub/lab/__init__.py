@@ -4,7 +4,7 @@ See docs/LAB.md. Nothing here imports torch; only the ranks do.
 """
 
 from .lab import Lab, check_latency
-from .launch import RankResult, report
+from .launch import RankResult, link_counters, report
 from .netns import LabError, LabPermissionError, missing_privileges
 
 __all__ = [
@@ -13,6 +13,7 @@ __all__ = [
     "LabPermissionError",
     "RankResult",
     "check_latency",
+    "link_counters",
     "missing_privileges",
     "report",
 ]

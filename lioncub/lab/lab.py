@@ -167,6 +167,11 @@ class Lab:
             stream_rank0=stream_rank0,
         )
 
+    def link_counters(self) -> list[dict[str, int]]:
+        """Each host's link counters now (tx/rx bytes and packets at the host's veth end; see
+        netns.link_counters). Ranks read their own host's with `lioncub.lab.link_counters()`."""
+        return netns.link_counters(self.network)
+
     def measure_rate(
         self, nbytes: int, src: int = 0, dst: int = 1, port: int = 5201, start_at: float | None = None
     ) -> dict:

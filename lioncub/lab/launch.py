@@ -2,7 +2,11 @@
 
 Rank r runs on host r // ranks_per_host under `ip netns exec`, with the torchrun-style environment
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR on host 0, ...) and GLOO_SOCKET_IFNAME naming the host's
-lab interface. A rank reports a result by writing JSON to $LIONCUB_LAB_RESULT (see `report`).
+lab interface. Ranks of one host talk to each other over the namespace's loopback: they share the host's
+address, which the kernel delivers locally, so only traffic between hosts crosses the shaped link (as
+NVLink keeps a node's traffic off its NIC; tests/test_lab_local.py measures it). A rank reports a result
+by writing JSON to $LIONCUB_LAB_RESULT (see `report`) and reads its host link's counters with
+`link_counters`.
 
 The first rank that exits non-zero or is killed fails the whole run at once: the launcher kills every
 other rank (each in its own process group) and raises LabError naming the rank and quoting its
@@ -37,6 +41,18 @@ def report(result) -> None:
         with open(tmp, "w") as f:
             json.dump(result, f)
         os.replace(tmp, path)
+
+
+def link_counters() -> dict[str, int] | None:
+    """Called inside a rank: its host's link counters (see `netns.link_counters`), or None outside a lab.
+    The ranks of one host share its link, so they read the same counters."""
+    run, host = os.environ.get("LIONCUB_LAB_RUN"), os.environ.get("GROUP_RANK")
+    if not run or host is None:
+        return None
+    from .netns import Network
+    from .netns import link_counters as read
+
+    return read(Network.load(run), [int(host)])[0]
 
 
 @dataclass
