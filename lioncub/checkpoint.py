@@ -12,6 +12,7 @@ last, so a checkpoint whose save did not finish cannot be loaded):
     rank<r>.exp_avg.<i>       rank r's momentum of the optimizer's parameter i (in param_groups order):
                               each rank writes its own into its own file (the rank-sharded entries)
     rank<r>.stats             JSON: rank r's opt.stats
+    rank<r>.momentum_shards.<k>  (hierarchical layout) rank r's momentum shard of bucket k
 
 Resuming on the same world size is bit-exact: each rank reads its own momentum. On another world size
 (the policy; it logs which, never silently):
@@ -20,6 +21,7 @@ Resuming on the same world size is bit-exact: each rank reads its own momentum. 
   * otherwise every rank takes the average of all the saved ranks' momenta (summed in fp32 in rank order,
     so the new ranks start identical) and a warning says so: the ranks' own momenta cannot be split or
     merged, and the average is what a momentum sync would have given.
+A hierarchical optimizer's checkpoint (momentum shards) resumes on the same world and node size only.
 Steps, hyperparameters and the warm-up resume as with opt.load_state_dict; opt.stats resume on the same
 world size and restart on another.
 """
@@ -69,11 +71,14 @@ def save(path: str, model: torch.nn.Module, opt) -> None:
     meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
                 levels=extra["levels"], dense_warmup=extra.get("dense_warmup", 0),
                 momenta_identical=bool(extra["momenta_identical"]), param_groups=sd["param_groups"],
-                shapes=[list(p.shape) for p in _params(opt)])
+                shapes=[list(p.shape) for p in _params(opt)], node_size=opt.node_size)
     momenta = {str(i): opt.state[p]["exp_avg"] for i, p in enumerate(_params(opt)) if "exp_avg" in opt.state[p]}
+    mine = {"exp_avg": momenta, "stats": json.dumps(extra["stats"])}
+    if "momentum_shards" in extra:
+        mine["momentum_shards"] = {str(k): t for k, t in enumerate(extra["momentum_shards"])}
     state = {"model": model.state_dict(),
              "lioncub": {"meta": json.dumps(meta, default=_jsonable)},
-             f"rank{opt.rank}": {"exp_avg": momenta, "stats": json.dumps(extra["stats"])}}
+             f"rank{opt.rank}": mine}
     _dcp(dcp.save, state, path, opt)
 
 
@@ -93,6 +98,8 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
         raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
                          f"{shapes}: build the model and the optimizer as for the saved run")
     saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
+    if meta.get("node_size", 1) > 1 or opt.node_size > 1:
+        return _load_shards(path, opt, meta)
     with_state = [i for i, p in enumerate(params) if "exp_avg" in opt.state[p]]
     if saved_n == n:
         how, sources = "own", [rank]
@@ -138,6 +145,26 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
                 "each rank had its own momentum; every rank starts from their average (the policy for a "
                 "different world size)")
     return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"])
+
+
+def _load_shards(path: str, opt, meta: dict) -> dict:
+    """The hierarchical layout: each rank reads its own momentum shards (same world and node size only)."""
+    saved = (meta["world_size"], meta.get("node_size", 1))
+    if saved != (opt.world_size, opt.node_size):
+        raise ValueError(f"{path}: saved by {saved[0]} ranks in nodes of {saved[1]}; this optimizer has "
+                         f"{opt.world_size} in nodes of {opt.node_size}: a hierarchical optimizer's momentum shards "
+                         f"resume on the same layout only")
+    part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(opt._buckets)},
+                                "stats": ""}}
+    _dcp(dcp.load, part, path, opt)
+    mine = part[f"rank{opt.rank}"]
+    shards = [mine["momentum_shards"][str(k)] for k in range(len(opt._buckets))]
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    extra = dict(step=meta["step"], world_size=opt.world_size, rank=opt.rank, method=meta["method"],
+                 levels=meta["levels"], dense_warmup=meta["dense_warmup"], momenta_identical=meta["momenta_identical"],
+                 node_size=opt.node_size, momentum_shards=shards, stats=json.loads(mine["stats"]))
+    opt.load_state_dict({"state": {}, "param_groups": groups, "lioncub": extra})
+    return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
 
 
 __all__ = ["load", "save"]

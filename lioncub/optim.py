@@ -21,8 +21,9 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 
-from lioncub import agreement, kernels, methods, schedules, wire
+from lioncub import agreement, hierarchy, kernels, methods, schedules, wire
 from lioncub.overlap import Overlap
 from lioncub.transport import agree_control, allreduce_mean_, group_rank_size
 
@@ -83,11 +84,14 @@ class Bucket:
     """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
     gradients come in backward (0: first), relative to its group."""
 
-    def __init__(self, group_index, params, p, g, m, offsets, order=0.0):
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, padded=None):
         self.group_index, self.params, self.order = group_index, params, order
-        self.p, self.g, self.m = p, g, m  # flat views
+        self.p, self.g, self.m = p, g, m  # flat views (m: this rank's shard in the hierarchical layout)
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
+        # hierarchical layout: p and g padded with zeros to G shards of `shard` elements
+        self.p_full, self.g_full = padded or (p, g)
+        self.shard = m.numel()
         self.exchange = None  # built on first use by the method
         size = p.element_size()  # where each parameter's .data and .grad views start (checked every step)
         self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
@@ -165,7 +169,7 @@ class LionCub(torch.optim.Optimizer):
                  method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False,
-                 dense_warmup: int = 0):
+                 dense_warmup: int = 0, hierarchical: bool = False, node_size: int | None = None):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         self.spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype)
@@ -176,8 +180,10 @@ class LionCub(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         self.method, self.process_group = self.spec.name, process_group
         self.rank, self.world_size = group_rank_size(process_group)
+        self.hierarchical = bool(hierarchical)
+        self.node_size, self._nodes = self._hierarchy(node_size)
         self._levels_arg = levels
-        self.levels = self.spec.resolve_levels(self.world_size, levels)
+        self.levels = self.spec.resolve_levels(self.world_size // self.node_size, levels)
         self.schedule = schedules.resolve(momentum_sync)
         if self.spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", self.method)
@@ -202,6 +208,23 @@ class LionCub(torch.optim.Optimizer):
         self._overlap = Overlap(self) if overlap and self.world_size > 1 and self._buckets else None
 
     # --- construction ---------------------------------------------------------------------------------
+
+    def _hierarchy(self, node_size):
+        """(G, the node process groups) of the hierarchical layout; (1, None) for the flat one."""
+        if not self.hierarchical:
+            if node_size is not None:
+                raise ValueError("node_size applies only with hierarchical=True")
+            return 1, None
+        if self.spec.dense or self.dense_warmup:
+            raise ValueError("hierarchical=True is for the compressed methods, without dense_warmup (allreduce "
+                             "leaves its hierarchy to NCCL/Gloo)")
+        G = hierarchy.resolve_node_size(node_size)
+        if self.world_size == 1:
+            if not (dist.is_available() and dist.is_initialized()):
+                raise ValueError("hierarchical=True needs torch.distributed initialised before LionCub is built")
+            return 1, None
+        hierarchy.agree_node_size(self.process_group, G)
+        return (G, hierarchy.Nodes(self.process_group, G)) if G > 1 else (1, None)
 
     @torch.no_grad()
     def _build_buckets(self) -> list[Bucket]:
@@ -232,16 +255,20 @@ class LionCub(torch.optim.Optimizer):
                 current, size = [], 0
         if current:
             groups.append(current)
-        starts, total, first = [], 0, [0]
+        starts, total, first, shards = [], 0, [0], []
+        nodes = self.node_size
         for members in groups:
             first.append(first[-1] + len(members))
             starts.append(total)
-            total += -(-sum(p.numel() for p in members) // align) * align
+            count = sum(p.numel() for p in members)
+            shards.append(wire.shard_elements(count, nodes) if nodes > 1 else count)
+            total += nodes * shards[-1] if nodes > 1 else -(-count // align) * align
         P = torch.zeros(total, dtype=dtype, device=device)
         G = torch.zeros(total, dtype=dtype, device=device)
-        M = torch.zeros(total, dtype=dtype, device=device)
+        M = torch.zeros(total if nodes == 1 else sum(shards), dtype=dtype, device=device)
         buckets = []
-        for start, members, before in zip(starts, groups, first):
+        m_start = 0
+        for start, members, before, shard in zip(starts, groups, first, shards):
             bounds = [0]
             for p in members:
                 lo, n = start + bounds[-1], p.numel()
@@ -250,11 +277,18 @@ class LionCub(torch.optim.Optimizer):
                     G[lo : lo + n].copy_(p.grad.reshape(-1))
                 p.data = P[lo : lo + n].view_as(p)
                 p.grad = G[lo : lo + n].view_as(p)
-                self.state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
+                if nodes == 1:  # (hierarchical: each rank holds a shard of the bucket's momenta, not whole ones)
+                    self.state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
                 bounds.append(bounds[-1] + n)
             end = start + bounds[-1]
-            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], M[start:end], bounds,
-                                  before / len(params)))
+            if nodes == 1:
+                m, padded = M[start:end], None
+            else:
+                end_full = start + nodes * shard
+                m, padded = M[m_start : m_start + shard], (P[start:end_full], G[start:end_full])
+                m_start += shard
+            buckets.append(Bucket(group_index, members, P[start:end], G[start:end], m, bounds,
+                                  before / len(params), padded))
         return buckets
 
     # --- gradients ------------------------------------------------------------------------------------
@@ -442,6 +476,8 @@ class LionCub(torch.optim.Optimizer):
             if self._overlap is None and self._overlap_wanted and world > 1 and self._buckets:
                 self._overlap = Overlap(self)
         self.process_group, self.rank = group, rank
+        if self._nodes is not None:
+            self._nodes = hierarchy.Nodes(group, self.node_size)
         for b in self._buckets:
             b.exchange = None
 
@@ -481,14 +517,18 @@ class LionCub(torch.optim.Optimizer):
         attr = "exchange" if spec is self.spec else "warmup_exchange"
         x = getattr(b, attr, None)
         if x is None or x.group is not self.process_group:
-            x = spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels if spec is self.spec else 0,
-                              grad_wire_dtype=str(self.grad_wire_dtype).removeprefix("torch."), grads=b.g)
+            wire_dtype = str(self.grad_wire_dtype).removeprefix("torch.")
+            if self._nodes is not None:
+                x = hierarchy.ShardExchange(spec, b, self._nodes, self.levels, wire_dtype, self.process_group)
+            else:
+                x = spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels if spec is self.spec else 0,
+                                  grad_wire_dtype=wire_dtype, grads=b.g)
             setattr(b, attr, x)
         return x
 
     def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed: float | None = None) -> None:
         self.stats.skipped_steps += 1
-        sent, recv = wire.traffic(list(collectives), self.world_size)
+        sent, recv = self._traffic(collectives)
         self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0, exposed)
         if self.rank == 0:
             log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
@@ -522,51 +562,81 @@ class LionCub(torch.optim.Optimizer):
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
-        sent, recv = wire.traffic(collectives, self.world_size)
+        sent, recv = self._traffic(collectives)
         self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
 
     def _step_compressed(self, clock) -> None:
         """Communicate inside step(): agree on the non-finite flag first, then per bucket quantize (with
         the momentum update fused), exchange and apply."""
-        codec, N = self.spec.codec, self.world_size
+        codec = self.spec.codec
         t_quant = t_comm = t_apply = 0.0
-        t0 = clock()
-        mults, nonfinite = [], 0
+        mults, inputs, nonfinite = [], [], 0
         for b in self._buckets:
-            h = self._hyper(b)
-            finite, mult = kernels.prepass(codec, b.g, b.m, beta1=h["beta1"], offsets=b.offsets,
-                                           levels=self.levels)
+            h, x = self._hyper(b), self._exchange(b)
+            t0 = clock()
+            g, offsets = self._codec_input(b, x)
+            t1 = clock()
+            finite, mult = kernels.prepass(codec, g, b.m, beta1=h["beta1"], offsets=offsets, levels=self.levels)
             nonfinite += not finite
             mults.append(mult)
+            inputs.append(g)
+            t_comm, t_quant = t_comm + t1 - t0, t_quant + clock() - t1
+        collectives = [c for b in self._buckets for c in b.exchange.collectives if c.op == "reducescatter"]
+        collectives.append(wire.CONTROL)
         t1 = clock()
-        t_quant += t1 - t0
-        collectives = [wire.CONTROL]
         bad, _ = agree_control(int(nonfinite), None, self.process_group,
                                self._buckets[0].g.device if self._buckets else "cpu")
         bad = bad if self.skip_nonfinite else 0
         t2 = clock()
         t_comm += t2 - t1
         if bad:
-            return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, t2 - t1)
-        zero_parity = (self.rank + self._step) % 2
+            return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, t_comm)
         codes = []
-        for b, mult in zip(self._buckets, mults):
-            h = self._hyper(b)
-            x = self._exchange(b)
+        for b, mult, g in zip(self._buckets, mults, inputs):
+            h, x = self._hyper(b), b.exchange
             ta = clock()
-            kernels.quantize_pack(codec, b.g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
-                                  zero_parity=zero_parity, layout=x.layout, mult=mult,
-                                  offsets=b.offsets, levels=self.levels)
+            kernels.quantize_pack(codec, g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
+                                  zero_parity=self._zero_parity(self._step), layout=x.layout, mult=mult,
+                                  offsets=self._offsets(b), levels=self.levels)
             tb = clock()
             code = x()
             codes.append(code)
             tc = clock()
-            kernels.unpack_apply(codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=N,
-                                 levels=self.levels, layout=x.layout)
+            self._apply(b, code, h)
             td = clock()
             t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
-            collectives += x.collectives
+            collectives += [c for c in x.collectives if c.op != "reducescatter"]
         self._finish_compressed(clock, collectives, t_quant, t_comm, t_apply, codes=codes)
+
+    def _codec_input(self, b: Bucket, x) -> tuple:
+        """(the gradient the codec reads, its segment boundaries): the bucket's own, or in the hierarchical
+        layout the node's mean of this rank's shard (a reduce-scatter inside the node)."""
+        if self._nodes is None:
+            return b.g, b.offsets
+        return x.reduce(b.g_full), x.offsets
+
+    def _offsets(self, b: Bucket) -> list[int]:
+        return b.offsets if self._nodes is None else b.exchange.offsets
+
+    def _zero_parity(self, step: int) -> int:
+        """Which way a voter whose c is exactly 0 votes in the 1-bit codes: alternating over voters and steps
+        (a voter: a rank, or in the hierarchical layout a node)."""
+        return ((self.rank if self._nodes is None else self._nodes.node) + step) % 2
+
+    def _apply(self, b: Bucket, code, h: dict, deferred: bool = False) -> None:
+        """p <- p(1 - lr wd) - lr U from the agreed code (every shard's, in the hierarchical layout); with
+        `deferred`, the momentum update that quantize left out (of this rank's shard)."""
+        x = b.exchange
+        if self._nodes is None:
+            kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
+                                 levels=self.levels, layout=x.layout,
+                                 momentum=(b.g, b.m, h["beta2"]) if deferred else None)
+            return
+        S, mine = b.shard, self._nodes.local
+        for s, piece in enumerate(code):
+            kernels.unpack_apply(self.spec.codec, b.p_full[s * S : (s + 1) * S], piece, lr=h["lr"], wd=h["wd"],
+                                 world_size=self._nodes.count, levels=self.levels, layout=x.layout,
+                                 momentum=(x.grad, b.m, h["beta2"]) if deferred and s == mine else None)
 
     def _step_overlapped(self, clock, done: dict) -> None:
         """Apply what backward agreed on, with the deferred momentum update."""
@@ -575,31 +645,44 @@ class LionCub(torch.optim.Optimizer):
                               done["comm_s"], done["exposed_s"])
         t0 = clock()
         for b, code in zip(self._buckets, done["codes"]):
-            h = self._hyper(b)
-            kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
-                                 levels=self.levels, layout=b.exchange.layout, momentum=(b.g, b.m, h["beta2"]))
+            self._apply(b, code, self._hyper(b), deferred=True)
         self._finish_compressed(clock, list(done["collectives"]), done["quantize_s"], done["comm_s"],
                                 clock() - t0, exposed=done["exposed_s"], codes=done["codes"])
 
     def _finish_compressed(self, clock, collectives, t_quant, t_comm, t_apply, exposed=None, codes=()) -> None:
         self._momenta_identical = False
         t_sync = 0.0
-        self.stats.last_agreement = agreement.agreement(
-            self.spec.codec, codes, [b.n for b in self._buckets], self.world_size, self.levels,
-            [b.exchange.layout for b in self._buckets])
+        self.stats.last_agreement = self._agreement(codes)
         if hasattr(self.schedule, "decide"):  # adaptive: a function of the agreed codes, the same on every rank
-            sent = wire.traffic(collectives, self.world_size)[0]
+            sent = self._traffic(collectives)[0]
             due = self.schedule.decide(self._step, self.stats.last_agreement, sent,
-                                       wire.traffic(self._sync_collectives(), self.world_size)[0])
+                                       self._traffic(self._sync_collectives())[0])
         else:
             due = self.schedule.should_sync(self._step)
         if due:
             ts = clock()
             collectives += self._sync_momentum()
             t_sync = clock() - ts
-        sent, recv = wire.traffic(collectives, self.world_size)
+        sent, recv = self._traffic(collectives)
         self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync,
                           None if exposed is None else exposed + t_sync)
+
+    def _traffic(self, collectives) -> tuple[int, int]:
+        return wire.traffic(list(collectives), self.world_size, self.node_size)
+
+    def _agreement(self, codes) -> float | None:
+        """lioncub.agreement over the agreed codes (in the hierarchical layout, of every shard: the vote of
+        the N/G nodes, the padding left out)."""
+        if self._nodes is None:
+            return agreement.agreement(self.spec.codec, codes, [b.n for b in self._buckets], self.world_size,
+                                       self.levels, [b.exchange.layout for b in self._buckets])
+        pieces, sizes, layouts = [], [], []
+        for b, shards in zip(self._buckets, codes):
+            for s, piece in enumerate(shards):
+                pieces.append(piece)
+                sizes.append(max(0, min(b.shard, b.n - s * b.shard)))
+                layouts.append(b.exchange.layout)
+        return agreement.agreement(self.spec.codec, pieces, sizes, self._nodes.count, self.levels, layouts)
 
     # --- overlap: the communication thread's side (lioncub.overlap) -------------------------------------
 
@@ -619,18 +702,26 @@ class LionCub(torch.optim.Optimizer):
             if "amp" not in state:  # the pass's first bucket
                 state["amp"] = self._amp_pass_scale()
                 state["sumsq"] = torch.zeros((), dtype=torch.float64, device=b.g.device) if self._wants_sumsq else None
+            amp = state["amp"]
             g = b.g
-            if state["amp"] is not None:
-                g = torch.mul(b.g, state["amp"]["inv_scale"].to(b.g.device), out=self._scratch(b))
+            if amp is not None and (self._nodes is None or state["sumsq"] is not None):
+                g = torch.mul(b.g, amp["inv_scale"].to(b.g.device), out=self._scratch(b))
             if state["sumsq"] is not None:
                 state["sumsq"] = state["sumsq"] + _sum_squares(g)
+            if self._nodes is not None:  # the node's mean of this rank's shard, unscaled after the reduction
+                tr = time.perf_counter()
+                g = x.reduce(b.g_full)
+                if amp is not None:
+                    g.mul_(amp["inv_scale"].to(g.device))
+                state["comm_s"] += time.perf_counter() - tr
+                t0 += time.perf_counter() - tr
             h = self._hyper(b)
-            finite, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=b.offsets,
+            finite, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=self._offsets(b),
                                            levels=self.levels)
             state["nonfinite"] += not finite
             kernels.quantize_pack(spec.codec, g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
-                                  zero_parity=(self.rank + state["step"]) % 2, layout=x.layout, mult=mult,
-                                  offsets=b.offsets, levels=self.levels, update_momentum=False)
+                                  zero_parity=self._zero_parity(state["step"]), layout=x.layout, mult=mult,
+                                  offsets=self._offsets(b), levels=self.levels, update_momentum=False)
         t1 = time.perf_counter()
         state["codes"][k] = x()
         state["quantize_s"] += t1 - t0
@@ -734,15 +825,20 @@ class LionCub(torch.optim.Optimizer):
     # --- momentum -------------------------------------------------------------------------------------
 
     def _sync_collectives(self) -> list:
-        return [c for b in self._buckets for c in wire.momentum_sync_collectives(b.n)]
+        """Averaging the momenta: the whole buckets', or in the hierarchical layout each rank's shard across
+        the nodes."""
+        scope = "world" if self._nodes is None else "cross"
+        return [wire.Collective(c.op, c.nbytes, c.dtype, scope) for b in self._buckets
+                for c in wire.momentum_sync_collectives(b.shard if self._nodes is not None else b.n)]
 
     @torch.no_grad()
     def _sync_momentum(self) -> list:
         collectives = []
         if self.world_size > 1:
+            group = self.process_group if self._nodes is None else self._nodes.cross
             for b in self._buckets:
-                allreduce_mean_(b.m, self.process_group, torch.float32)
-                collectives += wire.momentum_sync_collectives(b.n)
+                allreduce_mean_(b.m, group, torch.float32)
+            collectives = self._sync_collectives()
         self.stats.momentum_syncs += 1
         self._momenta_identical = True
         return collectives
@@ -759,7 +855,9 @@ class LionCub(torch.optim.Optimizer):
         sd["lioncub"] = dict(step=self._step, world_size=self.world_size, rank=self.rank,
                              method=self.method, levels=self.levels, dense_warmup=self.dense_warmup,
                              momenta_identical=self._momenta_identical or self.spec.dense,
-                             stats=self.stats.as_dict())
+                             stats=self.stats.as_dict(), node_size=self.node_size)
+        if self._nodes is not None:  # this rank's momentum shard of each bucket (in no parameter's state)
+            sd["lioncub"]["momentum_shards"] = [b.m for b in self._buckets]
         if hasattr(self.schedule, "state_dict"):  # an adaptive schedule's running average and byte credit
             sd["lioncub"]["schedule"] = self.schedule.state_dict()
         return sd
@@ -769,6 +867,17 @@ class LionCub(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         extra = state_dict.pop("lioncub", None) or {}
         saved_n = extra.get("world_size", self.world_size)
+        shards = extra.get("momentum_shards")
+        if (shards is not None or self._nodes is not None) and (
+                extra.get("node_size", 1) != self.node_size or saved_n != self.world_size
+                or (shards is not None and [s.numel() for s in shards] != [b.shard for b in self._buckets])):
+            raise ValueError(
+                f"this checkpoint was saved with {saved_n} ranks in nodes of {extra.get('node_size', 1)}; this "
+                f"optimizer has {self.world_size} in nodes of {self.node_size}: a hierarchical optimizer keeps "
+                f"momentum shards, so resume it on the same layout (same world size, node size and buckets)")
+        if shards is not None and extra.get("rank", self.rank) != self.rank:
+            raise ValueError(f"rank {self.rank} was given rank {extra['rank']}'s hierarchical checkpoint: each rank "
+                             f"holds its own momentum shards and must load its own state_dict")
         if saved_n != self.world_size and not extra.get("momenta_identical", False):
             raise ValueError(
                 f"this checkpoint was saved by {saved_n} ranks, each with its own momentum, and cannot be "
@@ -779,13 +888,15 @@ class LionCub(torch.optim.Optimizer):
         if extra.get("dense_warmup", self.dense_warmup) != self.dense_warmup:
             log.warning("LionCub: the checkpoint was saved with dense_warmup=%d, this optimizer has %d (it applies: "
                         "steps up to %d run dense)", extra["dense_warmup"], self.dense_warmup, self.dense_warmup)
-        views = {p: self.state[p]["exp_avg"] for b in self._buckets for p in b.params}
+        views = {p: self.state[p]["exp_avg"] for b in self._buckets for p in b.params if "exp_avg" in self.state[p]}
         super().load_state_dict(state_dict)
         for p, view in views.items():
             loaded = self.state[p].get("exp_avg")
             if loaded is not None and loaded is not view:
                 view.copy_(loaded.reshape(view.shape))
             self.state[p]["exp_avg"] = view
+        for b, shard in zip(self._buckets, shards or ()):
+            b.m.copy_(shard)
         self._step = extra.get("step", 0)
         self._momenta_identical = bool(extra.get("momenta_identical", True))
         if "stats" in extra:
@@ -795,7 +906,8 @@ class LionCub(torch.optim.Optimizer):
 
     def __repr__(self) -> str:
         n = sum(b.n for b in self._buckets)
-        return (f"LionCub(method={self.method!r}, world_size={self.world_size}, params={n}, "
+        layout = f", nodes={self._nodes.count}x{self.node_size}" if self._nodes is not None else ""
+        return (f"LionCub(method={self.method!r}, world_size={self.world_size}{layout}, params={n}, "
                 f"buckets={len(self._buckets)}, levels={self.levels or None}, schedule={self.schedule})")
 
 

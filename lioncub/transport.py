@@ -17,6 +17,8 @@ from lioncub import kernels, methods
 # torch >= 2.10 renames all_gather_into_tensor to all_gather_single
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 all_to_all = dist.all_to_all_single
+# and reduce_scatter_tensor to reduce_scatter_single
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 class CommError(RuntimeError):

@@ -160,6 +160,14 @@ class Exchange:
     def agreed(self):
         return self.code
 
+    def result(self):
+        """The flat tensor that holds the agreed code after a call (what the hierarchical layout all-gathers
+        inside a node); `code_from` reads a tensor laid out like it as a code for unpack_apply."""
+        return self.code
+
+    def code_from(self, result):
+        return result
+
     def __call__(self):
         raise NotImplementedError
 

@@ -67,7 +67,13 @@ class OneBitAllreduce(Exchange):
         kernels.vote(self.recv.view(self.N, c), self.mine[:c], self.mine[c:] if self.planes == 2 else None)
 
     def agreed(self):
-        rows = self.gathered.view(self.N, self.planes, self.chunk)
+        return self.code_from(self.gathered)
+
+    def result(self):
+        return self.gathered
+
+    def code_from(self, result):
+        rows = result.view(self.N, self.planes, self.chunk)
         return rows[:, 0].reshape(-1), rows[:, 1].reshape(-1) if self.planes == 2 else None
 
     def __call__(self):

@@ -43,14 +43,21 @@ class SignAllgather(Exchange):
         u8 = dict(dtype=torch.uint8, device=device)
         self.code = torch.zeros(nbytes, **u8)
         self.gathered = torch.empty(self.N * nbytes, **u8)
-        self.sign = torch.empty(nbytes, **u8)
-        self.nonzero = torch.empty(nbytes, **u8) if wire.result_planes(self.N) == 2 else None
+        self.agreed_planes = torch.empty(wire.result_planes(self.N) * nbytes, **u8)  # sign [, not-a-tie]
+        self.sign, self.nonzero = self.code_from(self.agreed_planes)
 
     def vote(self):
         kernels.vote(self.gathered.view(self.N, -1), self.sign, self.nonzero)
 
     def agreed(self):
         return self.sign, self.nonzero
+
+    def result(self):
+        return self.agreed_planes
+
+    def code_from(self, result):
+        nbytes = self.code.numel()
+        return result[:nbytes], result[nbytes:] if result.numel() > nbytes else None
 
     def __call__(self):
         transport.call("all_gather_into_tensor (1-bit votes)", transport.all_gather,
