@@ -65,10 +65,14 @@ def _simulator_arguments(p) -> None:
 
 def _train_arguments(p) -> None:
     p.add_argument("--bandwidth", default="100Mbit,1Gbit", help="comma-separated link rates")
+    from .train import CONFIG_SYNTAX
+
     p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--ranks-per-host", type=int, default=1,
+                   help="ranks sharing each host's link (nodes of GPUs; ranks of a host talk over its loopback)")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--model", default="char-small")
-    p.add_argument("--configs", help="comma-separated method[@sync], e.g. allreduce,vote-1bit@every:10")
+    p.add_argument("--configs", help=CONFIG_SYNTAX)
     p.add_argument("--ddp-hook", action="store_true",
                    help="also run each LionCub configuration inside torch DDP (lioncub.attach_ddp)")
     p.add_argument("--json", action="store_true")

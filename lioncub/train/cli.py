@@ -35,6 +35,12 @@ def register(sub) -> None:
                    help="communicate inside step() instead of during backward")
     p.add_argument("--dense-warmup", dest="dense_warmup", type=int,
                    help="run the first K steps with the allreduce method, then --method (default 0)")
+    p.add_argument("--hierarchical", action="store_true", default=None,
+                   help="LionCub's hierarchical layout: inside each node a reduce-scatter of the gradients and an "
+                        "all-gather of the codes, across nodes the vote on shards (compressed methods only)")
+    p.add_argument("--node-size", dest="node_size", type=int,
+                   help="ranks per node for --hierarchical (default: torchrun's LOCAL_WORLD_SIZE; on the lab, "
+                        "--ranks-per-host)")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
@@ -59,8 +65,8 @@ def config_from_args(args):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
-                "block_size", "bucket_mb", "overlap", "dense_warmup", "seed", "device", "checkpoint_dir",
-                "checkpoint_every", "resume"):
+                "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed", "device",
+                "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value
@@ -119,6 +125,9 @@ def format_summary(s: dict) -> str:
     if s.get("agreement") is not None:
         lines.append(f"  rank agreement {s['agreement']:.3f} (mean), {s['final_agreement']:.3f} (last tenth); "
                      f"{s.get('momentum_syncs', 0)} momentum sync(s)")
+    if s.get("link_bytes_per_step") is not None:
+        lines.append(f"  {s['link_bytes_per_step'] / 1e6:.3f} MB through each host's link per step (tx + rx, "
+                     f"Ethernet frames; mean of {len(s['link_hosts'])} hosts, {s['link_window_steps']} steps)")
     if s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
     if s.get("skipped_steps"):

@@ -16,10 +16,23 @@ def momentum_interval(spec: str, steps: int) -> int | None:
 
 def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwidth, ranks_per_host: int = 1,
                  latency=0.0, profile=None):
-    """simulate_step for a run of `cfg` (a TrainConfig) on `ranks` ranks over links of `bandwidth`, with the
-    lab's calibrated Gloo profile by default. The ddp+lion baseline is the allreduce method, overlapped."""
+    """simulate_step for a run of `cfg` (a TrainConfig) on `ranks` ranks, `ranks_per_host` per host (a node),
+    over links of `bandwidth`, with the lab's calibrated Gloo profile by default. The ddp+lion baseline is the
+    allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes;
+    raises NotImplementedError where the simulator cannot model the run (then there is no prediction)."""
+    import inspect
+
     from lioncub.simulator import Cluster, simulate_step
     from lioncub.train import DDP_LION
+
+    layout = {}
+    if cfg.hierarchical:
+        if "hierarchical" not in inspect.signature(simulate_step).parameters:
+            raise NotImplementedError("the simulator does not model the hierarchical layout")
+        if cfg.node_size not in (None, ranks_per_host):
+            raise NotImplementedError(f"the simulator's nodes are the hosts ({ranks_per_host} ranks), not nodes of "
+                                      f"{cfg.node_size}")
+        layout["hierarchical"] = True
 
     if profile is None:
         from lioncub.calibrate import default_lab_profile
@@ -33,4 +46,4 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     return simulate_step(cluster, "allreduce" if ddp else cfg.method, params,
                          None if ddp else momentum_interval(cfg.momentum_sync, cfg.steps), bucket_mb,
                          compute_seconds, backend=profile, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype,
-                         overlap=ddp or cfg.overlap)
+                         overlap=ddp or cfg.overlap, **layout)
