@@ -296,7 +296,7 @@ def clipped_after_backward(rank, world_size):
                 replicas_equal=all(torch.equal(r, results[0]) for r in replicas))
 
 
-def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps=4):
+def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps=4, lioncub_kwargs=None):
     """The same training with LionCub alone and with LionCub attached to a DDP model: parameters after each
     run, replicas. Step 2 accumulates two micro-batches (no_sync), step 3 has an inf on the last rank; with
     find_unused_parameters, `side` is unused on odd ranks."""
@@ -308,7 +308,8 @@ def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps
         torch.manual_seed(0)
         net = _Net()
         opt = LionCub(net.parameters(), lr=LR, betas=(B1, B2), weight_decay=WD, method=method,
-                      bucket_mb=BUCKET_MB * 8, momentum_sync=None if method == "allreduce" else momentum_sync)
+                      bucket_mb=BUCKET_MB * 8, momentum_sync=None if method == "allreduce" else momentum_sync,
+                      **(lioncub_kwargs or {}))
         model = net
         if hooked:
             model = torch.nn.parallel.DistributedDataParallel(net, **ddp_kwargs)

@@ -29,6 +29,8 @@ def batch(rank, step):
 
 
 def momenta(opt, net):
+    if opt.node_size > 1:  # the hierarchical layout: this rank's momentum shards
+        return flat([b.m for b in opt._buckets])
     return flat([opt.state[p]["exp_avg"] for p in net.parameters()])
 
 
@@ -54,13 +56,20 @@ def _listen():
 # --- clipping -------------------------------------------------------------------------------------------
 
 
+def _layout(method):
+    """"vote-1bit+hier": the method in the hierarchical layout with nodes of 2."""
+    name, hier = method.removesuffix("+hier"), method.endswith("+hier")
+    return name, (dict(hierarchical=True, node_size=2) if hier else {})
+
+
 def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=0):
     """Clip with opt.clip_grad_norm_ each step; return the norms, the reference norms computed from every
     rank's gradients, parameters and overlap figures."""
     log = _listen()
     net = model()
+    method, layout = _layout(method)
     opt = LionCub(net.parameters(), lr=LR, method=method, overlap=overlap, bucket_mb=BUCKET_MB,
-                  dense_warmup=dense_warmup)
+                  dense_warmup=dense_warmup, **layout)
     norms, refs, clipped_ok = [], [], True
     for step in range(1, steps + 1):
         opt.zero_grad()
@@ -105,7 +114,8 @@ def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflo
     from lioncub.amp import GradScaler
 
     net = model()
-    opt = LionCub(net.parameters(), lr=LR, method=method, overlap=overlap, bucket_mb=BUCKET_MB)
+    method, layout = _layout(method)
+    opt = LionCub(net.parameters(), lr=LR, method=method, overlap=overlap, bucket_mb=BUCKET_MB, **layout)
     scaler = (torch.amp.GradScaler if plain_torch_scaler else GradScaler)("cpu", init_scale=2.0**10)
     out = dict(changed=[], scales=[], trackers=[], local_inf=[])
     for step in range(1, steps + 1):

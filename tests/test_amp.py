@@ -37,6 +37,11 @@ def test_one_rank_overflowing_skips_the_step_on_every_rank():
     _check_overflow_skipped_everywhere(reports, methods)
 
 
+def test_one_rank_overflowing_skips_the_step_on_every_rank_hierarchical():
+    reports = spawn(safe_cases.amp_cases, 4, ("vote-1bit+hier",), timeout=120)
+    _check_overflow_skipped_everywhere(reports, ("vote-1bit+hier",))
+
+
 @pytest.mark.parametrize("max_norm", [0.05, 1e3])
 def test_scaler_with_unscale_and_clipping(max_norm):
     methods = ("vote-pbit", "allreduce") if max_norm < 1 else ("vote-pbit",)

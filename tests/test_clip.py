@@ -11,7 +11,7 @@ from lioncub.distributed import spawn
 
 
 @pytest.mark.parametrize("method,world_size,warmup", [("vote-1bit", 2, 0), ("allreduce", 2, 0), ("l1-pbit", 3, 0),
-                                                      ("vote-pbit", 2, 2)])
+                                                      ("vote-pbit", 2, 2), ("vote-1bit+hier", 4, 0)])
 def test_clip_grad_norm_is_one_norm_on_every_rank(method, world_size, warmup):
     reports = spawn(safe_cases.clip_cases, world_size, method, (1e-3, 1e3), warmup, timeout=120)
     for key, r0 in reports[0].items():

@@ -29,6 +29,17 @@ def test_hook_mode_is_bit_identical_to_optimizer_mode(option, method, world_size
         assert hooked["overlapped"] == 4  # every step's vote ran during backward, clipping or not
 
 
+@pytest.mark.parametrize("option", ["defaults", "find-unused"])
+def test_hierarchical_hook_mode_is_bit_identical_to_optimizer_mode(option):
+    for rank, (alone, hooked) in enumerate(spawn(dist_cases.hook_vs_optimizer, 4, "vote-1bit", 2,
+                                                 DDP_OPTIONS[option], 4, dict(hierarchical=True, node_size=2),
+                                                 timeout=300)):
+        assert torch.equal(alone["flat"], hooked["flat"]), (rank, option)
+        assert alone["replicas_equal"] and hooked["replicas_equal"]
+        assert alone["skipped"] == hooked["skipped"] == 1
+        assert hooked["overlapped"] == 4
+
+
 def test_attach_ddp_rejects_what_it_cannot_serve():
     from lioncub import LionCub
     from lioncub.ddp import attach_ddp, unwrap_optimizer
