@@ -55,7 +55,9 @@ class Hops:
         self._lat = {kind: cluster.path(*pair)[1] for kind, pair in self.pairs.items()}
 
     def _cost(self, link) -> float:
-        return 1.0 / (self.eff * (self.profile.wire_efficiency if link[0] in _NIC_LINKS else 1.0))
+        if link[0] in _NIC_LINKS:
+            return self.cluster.nic_share / (self.eff * self.profile.wire_efficiency)
+        return 1.0 / self.eff
 
     def _capacity(self, link) -> float:
         cap = self.cluster.link_capacity(link)

@@ -33,12 +33,16 @@ def candidates(cluster, profile, op) -> list[str]:
     return cands or [a for a in ALGORITHMS[op] if valid(op, a, cluster)]
 
 
-def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False) -> Choice:
-    cands = candidates(cluster, profile, op)
+def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False, groups=None) -> Choice:
+    """groups: choose for a collective run by every group of a scope at once (groups.py): the candidates
+    are those that can run on one group, bounded on it as its own cluster."""
+    seen = groups.topology(cluster) if groups else cluster
+    cands = candidates(seen, profile, op)
     if exact or len(cands) == 1:
-        times = {a: _primitive(cluster, profile, op, a, nbytes, cache, exact=exact).seconds for a in cands}
+        times = {a: _primitive(cluster, profile, op, a, nbytes, cache, exact=exact, groups=groups).seconds
+                 for a in cands}
         return Choice(_fastest(cands, times), times)
-    bounds = {a: _bound(cluster, profile, op, a, nbytes, cache) for a in cands}
+    bounds = {a: _bound(seen, profile, op, a, nbytes, cache) for a in cands}
     order = sorted(cands, key=lambda a: (bounds[a]["seconds"], cands.index(a)))
     times: dict[str, float] = {}
     pruned: dict[str, dict] = {}
@@ -51,7 +55,7 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False) -> Cho
                          "reason": f"lower bound {format_time(b['seconds'])} ({what}) > {best} simulated "
                                    f"{format_time(best_t)}"}
             continue
-        times[a] = _primitive(cluster, profile, op, a, nbytes, cache).seconds
+        times[a] = _primitive(cluster, profile, op, a, nbytes, cache, groups=groups).seconds
         if times[a] < best_t:
             best, best_t = a, times[a]
     times = {a: times[a] for a in cands if a in times}

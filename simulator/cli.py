@@ -100,6 +100,9 @@ def _step_args(p) -> None:
     g.add_argument("--levels", type=int, default=None, help="l1-pbit levels (default: lioncub's)")
     g.add_argument("--memory-bandwidth", default="2TB/s", help="device memory bandwidth for kernel times")
     g.add_argument("--algorithm", default="auto", help="'auto', an algorithm name, or 'op=alg,...'")
+    g.add_argument("--hierarchical", action="store_true",
+                   help="LionCub's hierarchical layout: nodes of --gpus-per-node ranks reduce-scatter inside, the "
+                        "method's collectives run across nodes on shards, then all-gather inside")
     g.add_argument("--no-overlap", action="store_true",
                    help="the allreduce baseline reduces after backward, as LionCub(method='allreduce') does "
                         "(default: overlapped with backward, as DDP does)")
@@ -168,7 +171,7 @@ def _step_kwargs(args) -> dict:
     return dict(params=args.params, bucket_mb=args.bucket_mb, compute_seconds=args.compute_seconds,
                 flops_per_second=args.flops, tokens_per_step=args.tokens, algorithm=args.algorithm,
                 grad_dtype=args.grad_dtype, levels=args.levels, memory_bandwidth=args.memory_bandwidth,
-                overlap=not args.no_overlap)
+                overlap=not args.no_overlap, hierarchical=args.hierarchical)
 
 
 def _step(args) -> int:
@@ -183,7 +186,8 @@ def _step(args) -> int:
         _dump({**r.to_dict(), "cluster": cluster.to_dict()})
         return 0
     print(f"{r.method} on {profile.name}: {cluster.describe()}, {r.params:.4g} params, {r.buckets} buckets"
-          + (f", momentum sync every {r.momentum_sync}" if r.momentum_sync else ""))
+          + (f", momentum sync every {r.momentum_sync}" if r.momentum_sync else "")
+          + (f", hierarchical (nodes of {r.node_size})" if r.hierarchical else ""))
     for name, v in (("compute", r.compute_seconds), ("codec", r.codec_seconds),
                     ("optimizer", r.optimizer_seconds), ("communication", r.communication_seconds),
                     ("  of which momentum sync", r.momentum_sync_seconds),
@@ -191,7 +195,8 @@ def _step(args) -> int:
         print(f"  {name:<26}{format_time(v):>12}")
     print(f"  {'step':<26}{format_time(r.step_seconds):>12}")
     print(f"  {'fp32 allreduce baseline':<26}{format_time(r.baseline_step_seconds):>12}")
-    print(f"  speedup {r.speedup:.2f}x, sent per rank per step {format_size(r.bytes_sent_per_rank)}")
+    print(f"  speedup {r.speedup:.2f}x, sent per rank per step {format_size(r.bytes_sent_per_rank)}, "
+          f"out of each node's NIC {format_size(r.nic_bytes_per_node)}")
     for c in r.collectives:
         print(f"    {c['count']:>4} x {c['what']} ({c['algorithm']}) {format_size(c['size_bytes'])}: "
               f"{format_time(c['seconds'])}" + (f" every {round(1 / c['per_step'])} steps"

@@ -97,6 +97,12 @@ class Cluster:
     def leaves(self) -> int:
         return self.nodes // self.nodes_per_leaf if self.topology == "leaf-spine" else 1
 
+    @property
+    def nic_share(self) -> int:
+        """Flows on each NIC and leaf link per flow simulated: 1, except for one cross group of the
+        hierarchical layout simulated alone (groups.CrossGroup), whose flows share them with G-1 others."""
+        return 1
+
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
 

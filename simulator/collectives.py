@@ -25,6 +25,7 @@ from lioncub import methods, wire
 
 from .choose import best_algorithm, choose
 from .cluster import Cluster
+from .groups import Groups
 from .profiles import BackendProfile, get_profile
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS, COMPOSITES, OPS, PRIMITIVES, RENDEZVOUS_FORMS, check_algorithm
@@ -56,9 +57,21 @@ def _parse_algorithm_spec(algorithm) -> dict | str:
     return algorithm
 
 
-def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None = None) -> list[wire.Collective]:
-    """The collectives lioncub issues for composite `op` on a bucket of nbytes of fp32."""
+def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None = None, node_size: int = 0,
+                          grad_dtype: str = "float32") -> list[wire.Collective]:
+    """The collectives lioncub issues for composite `op` on a bucket of nbytes of fp32; with node_size G,
+    those of the hierarchical layout (the method's `hierarchical_collectives`, levels resolved for the
+    N/G voters; the momentum sync: an fp32 allreduce of the shard across nodes)."""
     n = composite_elements(int(nbytes))
+    if node_size:
+        voters = ranks // node_size
+        if op == "momentum-sync":
+            shard = wire.shard_elements(n, node_size)
+            return [dataclasses.replace(c, scope="cross") for c in wire.momentum_sync_collectives(shard)] \
+                if voters > 1 else []
+        meth = methods.get(op)
+        lv = meth.resolve_levels(voters, levels) if meth.uses_levels else 0
+        return meth.hierarchical_collectives(n, ranks, node_size, lv, grad_dtype)
     if op == "momentum-sync":
         return wire.momentum_sync_collectives(n) if ranks > 1 else []
     meth = methods.get(op)
@@ -82,6 +95,8 @@ def simulate_collective(
     exact: bool = False,
     use_symmetry: bool = True,
     cache: Cache | None = None,
+    hierarchical: bool = False,
+    grad_dtype: str = "float32",
 ) -> CollectiveResult:
     """Simulate one collective (or a lioncub composite) on `cluster`.
 
@@ -96,13 +111,26 @@ def simulate_collective(
     exact: simulate every rank and every message, and with "auto" every candidate (for checking the fast
         path: representative ranks where a symmetry allows, classes of ranks that behave alike, and
         candidates pruned by a lower bound). `use_symmetry=False` is the same as `exact=True`.
+    hierarchical: a composite in LionCub's hierarchical layout, nodes of cluster.gpus_per_node ranks
+        (reduce-scatter of `grad_dtype` gradients inside each node, the method's collectives across
+        nodes, all-gather inside: groups.py). bytes_sent_per_rank is then wire.traffic's.
     """
     exact = exact or not use_symmetry
     nbytes, profile, spec = _check_inputs(cluster, op, algorithm, size_bytes, backend)
     cache = cache if cache is not None else Cache()
     if op in PRIMITIVES:
+        if hierarchical:
+            raise ValueError(f"hierarchical is for lioncub's composite ops, not {op!r} (see its 'hierarchical' "
+                             "algorithm)")
         return _simulate_primitive(cluster, profile, op, spec, nbytes, cache, timeline, exact)
-    return _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, exact, levels)
+    if hierarchical and timeline:
+        raise ValueError("no timeline for the hierarchical layout")
+    node_size = cluster.gpus_per_node if hierarchical else 0
+    colls = composite_collectives(op, nbytes, cluster.ranks, levels, node_size, grad_dtype)
+    total = _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact)
+    if hierarchical:
+        total.bytes_sent_per_rank, total.bytes_received_per_rank = wire.traffic(colls, cluster.ranks, node_size)
+    return total
 
 
 def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, BackendProfile, dict | str]:
@@ -134,11 +162,10 @@ def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, exac
     return dataclasses.replace(res, candidates=c.seconds, pruned=c.pruned)  # the cached object stays as it was
 
 
-def _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, exact, levels):
+def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact):
     """A lioncub composite: each collective it issues, one after the other (each starts on an idle
-    network); the parts add up."""
+    network), on the group its scope names; the parts add up."""
     t_wall = time.perf_counter()
-    colls = composite_collectives(op, nbytes, cluster.ranks, levels)
     if isinstance(spec, dict):
         unknown = sorted(set(spec) - {c.op for c in colls})
         if unknown and colls:
@@ -150,18 +177,28 @@ def _simulate_composite(cluster, profile, op, spec, nbytes, cache, timeline, exa
     for c in colls:
         want = spec.get(c.op, "auto") if isinstance(spec, dict) else spec
         pruned = None
+        on, groups = _scope(cluster, c.scope, exact)
         if want == "auto":
-            choice = choose(cluster, profile, c.op, c.nbytes, cache, exact)
+            choice = choose(on, profile, c.op, c.nbytes, cache, exact, groups)
             alg, times, pruned = choice.algorithm, choice.seconds, choice.pruned
         else:
-            check_algorithm(c.op, want, cluster)
+            check_algorithm(c.op, want, groups.topology(on) if groups else on)
             alg, times = want, None
-        part = _primitive(cluster, profile, c.op, alg, c.nbytes, cache, timeline, exact)
+        part = _primitive(on, profile, c.op, alg, c.nbytes, cache, timeline, exact, groups)
         _add_part(total, c, alg, times, part, pruned)
-        names.append(f"{c.op}:{alg}")
+        names.append(f"{c.op}:{alg}" if c.scope == "world" else f"{c.scope} {c.op}:{alg}")
     total.algorithm = "+".join(names) or "none"
     total.wall_seconds = time.perf_counter() - t_wall
     return total
+
+
+def _scope(cluster: Cluster, scope: str, exact: bool) -> tuple[Cluster, Groups | None]:
+    """Where a collective of this scope runs: (the cluster to simulate, the groups on it). The fast path
+    simulates one group as its own cluster (groups.py), the exact run every group on the full cluster."""
+    if scope == "world":
+        return cluster, None
+    groups = Groups(scope, cluster.gpus_per_node)
+    return (cluster, groups) if exact else (groups.topology(cluster), None)
 
 
 def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part: CollectiveResult,
@@ -171,12 +208,13 @@ def _add_part(total: CollectiveResult, c: wire.Collective, alg: str, times, part
         for r, evs in part.timeline.items():
             total.timeline[r] += [(k, t0 + total.seconds, t1 + total.seconds, peer, b)
                                   for k, t0, t1, peer, b in evs]
-    total.parts.append({"op": c.op, "algorithm": alg, "dtype": c.dtype, "size_bytes": c.nbytes,
+    total.parts.append({"op": c.op, "scope": c.scope, "algorithm": alg, "dtype": c.dtype, "size_bytes": c.nbytes,
                         "seconds": part.seconds, "bytes_sent_per_rank": part.bytes_sent_per_rank,
                         "candidates": times, "pruned": pruned or None})
     total.seconds += part.seconds
     total.bytes_sent_per_rank += part.bytes_sent_per_rank
     total.bytes_received_per_rank += part.bytes_received_per_rank
+    total.nic_bytes_per_node += part.nic_bytes_per_node
     total.messages += part.messages
     total.simulated_ranks = max(total.simulated_ranks, part.simulated_ranks)
     total.skipped_segments += part.skipped_segments

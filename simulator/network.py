@@ -31,7 +31,10 @@ Symmetry: the caller may simulate only representative ranks of a symmetric compu
 `canonical`, a map from a link to its representative under the symmetry group. Each representative
 connection stands for its whole orbit, which crosses every link of a link orbit equally often, so
 counting a representative connection once on the canonical link of each link it crosses gives exactly
-the per-link load of the full system (see collectives.Symmetry).
+the per-link load of the full system (see collectives.Symmetry). A cluster whose NIC and leaf links are
+shared with identical flows of other groups (groups.CrossGroup: the G cross groups of the hierarchical
+layout, all through one NIC) says how many flows each simulated one stands for there (`nic_share`): the
+connection's cost on those links is multiplied by it, as that many flows at one rate load them.
 """
 
 from __future__ import annotations
@@ -176,6 +179,8 @@ class Network:
         counted: dict = {}
         for link in links:
             cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in _NIC_LINKS else 1.0))
+            if link[0] in _NIC_LINKS:
+                cost *= cl.nic_share
             canon = self.canonical(link)
             counted[canon] = counted.get(canon, 0.0) + cost
             if canon not in self.capacity:

@@ -80,6 +80,8 @@ class Rank:
         self.pending: list = []
         self.bytes_sent = 0.0
         self.bytes_received = 0.0
+        self.bytes_out = 0.0  # of bytes_sent, those to ranks of other nodes: what leaves through the NIC
+        self._g = sim.cluster.gpus_per_node
         self.events: list | None = [] if sim.timeline else None
         self.finished = 0.0
         self._steady: list = []  # the states at the last fast_forward points
@@ -115,13 +117,18 @@ class Rank:
             msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
             msg.tag = tag
         sim.messages += 1
-        self.bytes_sent += nbytes
+        self._count(dst, nbytes)
         self.pending.append(msg.sent)
         if self.events is not None:
             t0 = self.env.now
             msg.sent.callbacks.append(
                 lambda _ev: self.events.append(("send", t0, self.env.now, dst, nbytes)))
         return msg
+
+    def _count(self, dst: int, nbytes: float) -> None:
+        self.bytes_sent += nbytes
+        if dst // self._g != self.r // self._g:
+            self.bytes_out += nbytes
 
     def recv(self, src: int, tag, nbytes: float) -> simpy.Event:
         """The event of the message from rank src with this tag arriving here."""
@@ -179,7 +186,7 @@ class Rank:
             t = cpu + nb * per_byte
             self.arrive_at(dst, tag, t + latency)
             sim.messages += 1
-            self.bytes_sent += nb
+            self._count(dst, nb)
         net._cpu_free[self.r] = cpu
         if t > now:
             yield self.env.timeout(t - now)
@@ -237,7 +244,8 @@ class Rank:
                 last_sent = max(last_sent, t + nb * per_byte)
         net._cpu_free[r] = t
         sim.messages += len(sends)
-        self.bytes_sent += sum(nb for _, nb, _ in sends)
+        for dst, nb, _ in sends:
+            self._count(dst, nb)
         self.bytes_received += sum(nb for _, _, nb in recvs)
         self.pending.append(self.env.timeout(last_sent - now))
         return self.env.timeout(last_sent + latency - now)
@@ -263,7 +271,7 @@ class Rank:
             self._steady = []
             return 0
         now = self.env.now
-        point = (kind, sig, now, self.bytes_sent, self.bytes_received, sim.messages)
+        point = (kind, sig, now, self.bytes_sent, self.bytes_received, sim.messages, self.bytes_out)
         hist = self._steady = [*self._steady[-2:], point]
         if len(hist) < 3 or any(h[0] != kind or not steady.same(h[1], sig, now) for h in hist[:2]):
             return 0
@@ -271,9 +279,10 @@ class Rank:
             ahead = ahead()
         if ahead <= 0:
             return 0
-        _, _, t0, s0, r0, m0 = hist[1]
+        _, _, t0, s0, r0, m0, o0 = hist[1]
         steady.skip(sim, ahead, now - t0, tags)
         self.bytes_sent += ahead * (self.bytes_sent - s0)
+        self.bytes_out += ahead * (self.bytes_out - o0)
         self.bytes_received += ahead * (self.bytes_received - r0)
         sim.messages += ahead * (sim.messages - m0)
         sim.skipped += ahead

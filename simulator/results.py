@@ -21,6 +21,9 @@ class CollectiveResult:
     pruned: with algorithm "auto", the candidates not simulated because a lower bound from the same
         mechanisms shows they cannot win: {algorithm: {lower_bound, chain, bytes, reason}}.
     timeline: if asked for, {rank: [(kind, start, end, peer, bytes), ...]} with kind send/recv/reduce.
+    nic_bytes_per_node: payload bytes leaving a node through its NIC (to ranks of other nodes), from the
+        simulated messages: all ranks' such bytes / nodes (every node's, for the algorithms with a rank
+        symmetry: rings, all-to-alls, doubling; the mean over nodes for trees).
     messages: messages sent by all ranks together.
     simulated_ranks: processes simulated: every rank (exact), one per symmetry orbit, or one per class
         of ranks that behave alike (trees: sub-simulations).
@@ -39,6 +42,7 @@ class CollectiveResult:
     candidates: dict[str, float] | None = None
     pruned: dict[str, dict] | None = None
     timeline: dict[int, list[tuple]] | None = None
+    nic_bytes_per_node: float = 0.0
     messages: int = 0
     simulated_ranks: int = 0
     skipped_segments: int = 0  # steady segments fast-forwarded (ring steps, exchanges)
@@ -69,6 +73,7 @@ class CollectiveResult:
             "parts": self.parts,
             "candidates": self.candidates,
             "pruned": self.pruned,
+            "nic_bytes_per_node": self.nic_bytes_per_node,
             "messages": self.messages,
             "simulated_ranks": self.simulated_ranks,
             "skipped_segments": self.skipped_segments,

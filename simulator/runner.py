@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 
 from . import tree_classes
+from .groups import GroupRank
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS, RENDEZVOUS_FORMS, entry_order_matters, symmetry_kind
 from .results import CollectiveResult
@@ -28,15 +29,16 @@ def _no_gc():
             gc.collect(0)
 
 
-def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, exact=False) -> CollectiveResult:
-    """Simulate op/alg once. exact: every rank, every message (no representative ranks)."""
+def _run_primitive(cluster, profile, op, alg, nbytes, timeline=False, exact=False, groups=None) -> CollectiveResult:
+    """Simulate op/alg once. exact: every rank, every message (no representative ranks). groups: run it on
+    every group of a scope at once, every rank simulated (groups.py), None: on all ranks."""
     with _no_gc():
-        return _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact)
+        return _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, groups)
 
 
-def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact) -> CollectiveResult:
+def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, groups) -> CollectiveResult:
     t_wall = time.perf_counter()
-    p = cluster.ranks
+    p = groups.size(cluster) if groups else cluster.ranks
     if p == 1:
         res = CollectiveResult(op, alg, profile.name, p, nbytes, 0.0, 0.0, 0.0)
         res.timeline = {0: []} if timeline else None
@@ -46,22 +48,23 @@ def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact) ->
         # another (every rank simulated), the others with all entering together.
         f = profile.rendezvous_stagger if entry_order_matters(op, alg, p) else 0.0
         together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
-                                   exact=exact)
+                                   exact=exact, groups=groups)
         if f > 0:
-            apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True)
+            apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True, groups=groups)
             together.seconds = (1 - f) * together.seconds + f * apart.seconds
         together.wall_seconds = time.perf_counter() - t_wall
         return together
-    if alg == "binomial-tree" and not (exact or timeline) and tree_classes.applies(cluster, profile, op):
+    if alg == "binomial-tree" and not (exact or timeline or groups) and tree_classes.applies(cluster, profile, op):
         res = tree_classes.run(cluster, profile, op, nbytes)
     else:
-        res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline, exact=exact)
+        res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline, exact=exact,
+                        groups=groups)
     res.wall_seconds = time.perf_counter() - t_wall
     return res
 
 
 def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline: bool = False,
-                    exact: bool = False) -> CollectiveResult:
+                    exact: bool = False, groups=None) -> CollectiveResult:
     """The rendezvous form of op/alg. Together: every rank enters at once (representative ranks only, as
     the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
     the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
@@ -69,17 +72,21 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
     lat = max(cluster.latency, cluster.intra_latency)
     gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
     return _run_once(cluster, profile, op, alg, nbytes, RENDEZVOUS_FORMS[op, alg], rendezvous=True, gap=gap,
-                     timeline=timeline, exact=exact or staggered)
+                     timeline=timeline, exact=exact or staggered, groups=groups)
 
 
 def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, gap: float = 0.0,
-              timeline: bool = False, exact: bool = False) -> CollectiveResult:
-    """Simulate one call of fn on every (representative) rank, rank r entering at r * gap."""
+              timeline: bool = False, exact: bool = False, groups=None) -> CollectiveResult:
+    """Simulate one call of fn on every (representative) rank, rank r entering at r * gap (on groups: each
+    group's member i at i * gap, every group at once)."""
     p = cluster.ranks
-    kind = None if exact else symmetry_kind(op, alg, p)
-    sym = Symmetry.choose(cluster, kind)
+    if groups is not None and timeline:
+        raise ValueError("no timeline for collectives on sub-groups")
+    # groups: every rank of every group (the exact run: groups.py)
+    sym = Symmetry.choose(cluster, None if exact or groups else symmetry_kind(op, alg, p))
     sim = Sim(cluster, profile, sym, timeline, rendezvous=rendezvous, fast=not exact)
-    ranks = [Rank(sim, r, op) for r in sym.reps]
+    procs = [Rank(sim, r, op) for r in sym.reps]
+    ranks = procs if groups is None else [GroupRank(c, groups, cluster) for c in procs]
     start = {}
 
     def program(ctx):
@@ -99,6 +106,8 @@ def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, g
         raise RuntimeError(f"{op}/{alg}{' (rendezvous)' if rendezvous else ''}: {len(sim.mailbox)} unmatched messages")
     res = CollectiveResult(op, alg, profile.name, p, nbytes, max(c.finished for c in ranks) - max(start.values()),
                            max(c.bytes_sent for c in ranks), max(c.bytes_received for c in ranks))
+    # each representative stands for orbit_size ranks that send as it does
+    res.nic_bytes_per_node = sum(c.bytes_out for c in ranks) * sym.orbit_size / cluster.nodes * cluster.nic_share
     res.messages = sim.messages * sym.orbit_size
     res.simulated_ranks = len(ranks)
     res.skipped_segments = sim.skipped
@@ -129,21 +138,21 @@ class Cache:
         self.bounds: dict = {}  # auto's lower bounds (choose.py)
         self._profiles: dict = {}
 
-    def key(self, cluster, profile, op, alg, nbytes):
+    def key(self, cluster, profile, op, alg, nbytes, groups=None):
         import json
 
         pk = self._profiles.get(id(profile))
         if pk is None or pk[0] is not profile:
             pk = (profile, json.dumps(profile.to_dict(), sort_keys=True))
             self._profiles[id(profile)] = pk
-        return (cluster, pk[1], op, alg, float(nbytes))
+        return (cluster, pk[1], op, alg, float(nbytes), groups)
 
 
-def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False):
+def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False, groups=None):
     """op/alg simulated, or from the cache (exact runs and timelines are not cached)."""
     if cache is None or timeline or exact:
-        return _run_primitive(cluster, profile, op, alg, nbytes, timeline, exact)
-    k = cache.key(cluster, profile, op, alg, nbytes)
+        return _run_primitive(cluster, profile, op, alg, nbytes, timeline, exact, groups)
+    k = cache.key(cluster, profile, op, alg, nbytes, groups)
     if k not in cache.results:
-        cache.results[k] = _run_primitive(cluster, profile, op, alg, nbytes)
+        cache.results[k] = _run_primitive(cluster, profile, op, alg, nbytes, groups=groups)
     return cache.results[k]

@@ -23,6 +23,16 @@ Compute is given (`compute_seconds`), or 6 * params * tokens / flops_per_second 
 
 Each distinct collective is simulated once (on an idle network, as it runs on the communication stream)
 and its simulated time reused for every bucket of the same size.
+
+Hierarchical layout (`hierarchical=True`, nodes of G = cluster.gpus_per_node ranks): a bucket's exchange is
+the method's `hierarchical_collectives`: a reduce-scatter inside every node, the method's collectives on
+the S = wire.shard_elements(n, G) element shard across nodes (G groups of N/G ranks sharing each NIC),
+an all-gather of the agreed codes inside every node (simulated on sub-groups: groups.py); the momentum
+sync is an fp32 allreduce of the shard across nodes; the control allreduce stays one world allreduce.
+Codec per bucket: the method's codec_bytes_per_element for N/G voters on the S-element shard, one pass
+over the bucket's n gradients into the reduce-scatter's buffer (read fp32, write the wire dtype) and
+the decode of all G gathered shards' codes (G * agreed_bytes(S)). The Lion update stays 20 bytes per
+parameter (an upper bound: each rank updates the momentum of its shard only).
 """
 
 from __future__ import annotations
@@ -48,6 +58,9 @@ class StepResult:
 
     step_seconds = compute + optimizer + what outlasts backward (with overlap: the tail of the buckets'
     codec and collectives; without: the codec and every collective).
+    bytes_sent_per_rank: the collectives' (hierarchical: wire.traffic's, with node_size G).
+    nic_bytes_per_node: what crosses each node's NIC outwards, from the simulated messages (flat and
+    hierarchical alike, so the two layouts compare; trees: the mean over nodes).
     speedup = baseline_step_seconds / step_seconds, the baseline being torch DDP's fp32 allreduce (25 MiB
     buckets, overlapped) and Lion on the same cluster and backend.
     """
@@ -70,6 +83,9 @@ class StepResult:
     buckets: int
     collectives: list[dict] = field(default_factory=list)
     baseline: dict | None = None
+    hierarchical: bool = False
+    node_size: int = 1  # G, the ranks per node of the hierarchical layout (1: flat)
+    nic_bytes_per_node: float = 0.0  # payload bytes leaving each node's NIC per step (CollectiveResult's)
 
     @property
     def seconds(self) -> float:
@@ -107,6 +123,7 @@ def simulate_step(
     overlap: bool = True,
     cache: Cache | None = None,
     exact: bool = False,
+    hierarchical: bool = False,
     _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
@@ -123,11 +140,16 @@ def simulate_step(
         backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
         (False). Applies to the baseline of other methods too.
     exact: simulate every collective rank by rank (see simulate_collective).
+    hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
+        compressed methods only). The baseline stays torch DDP's flat allreduce.
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
     meth = methods.get(method)
+    if hierarchical and meth.dense:
+        raise ValueError("hierarchical is LionCub's layout for the compressed methods, not 'allreduce'")
+    G = cluster.gpus_per_node if hierarchical else 0
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile = get_profile(backend)
@@ -139,18 +161,20 @@ def simulate_step(
     def run(op, nbytes):
         if (op, nbytes) not in memo:
             if op == "allreduce":
-                alg = spec.get("allreduce", "auto")
+                alg, hier = spec.get("allreduce", "auto"), {}
             else:
-                alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels)}
+                hier = dict(hierarchical=bool(G), grad_dtype=grad_dtype)
+                alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels, G,
+                                                                                   grad_dtype)}
             memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache,
-                                                   exact=exact)
+                                                   exact=exact, **hier)
         return memo[op, nbytes]
 
     t_bwd = compute * backward_fraction
     times = dict(
         fwd=compute - t_bwd, bwd=t_bwd,
         optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
-        codec_bytes=meth.codec_bytes_per_element(N, levels or 0, grad_dtype),
+        codec_bytes=_codec_bytes(meth, N, G, levels, grad_dtype),
         codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
     buckets = _buckets(P, bucket_mb * 2**20)
     if meth.dense:
@@ -174,6 +198,7 @@ def simulate_step(
         base_step = base.step_seconds
         base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
     return StepResult(
+        hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"],
         method=meth.name, backend=profile.name, ranks=N, params=P, step_seconds=step,
         compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
@@ -219,6 +244,25 @@ def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backwar
     return int(P), K, compute, mem_bw
 
 
+def _codec_bytes(meth, N, G, levels, grad_dtype):
+    """Device-memory bytes the codec kernels move for a bucket of e parameters, as a function of e (flat:
+    the method's bytes per element; hierarchical: see the module's docstring)."""
+    if not G:
+        per = meth.codec_bytes_per_element(N, levels or 0, grad_dtype)
+        return lambda e: per * e
+    M = N // G
+    lv = meth.resolve_levels(M, levels) if meth.uses_levels else 0
+    per = meth.codec_bytes_per_element(M, lv, grad_dtype)
+    if G == 1:
+        return lambda e: per * wire.shard_elements(e, 1)
+    rs_in = 4 + wire.DTYPE_BYTES[grad_dtype]
+
+    def bucket(e):
+        S = wire.shard_elements(e, G)
+        return per * S + rs_in * e + G * meth.agreed_bytes(S, M, lv)
+    return bucket
+
+
 def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control=False) -> dict:
     """DDP, and LionCub with overlap: bucket i is ready when backward has produced it; one stream (LionCub:
     one thread) encodes and exchanges the buckets in order, then (compressed methods) sends the step's
@@ -227,19 +271,19 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
     # on CPU ranks (codec_on_compute) each bucket's codec runs on the computing cores: backward lasts the
     # codecs longer, and the stream carries only the collectives
     on_cores = times["codec_on_compute"]
-    codec_total = sum(k * times["codec_bytes"] * e / times["codec_bw"] for e, k in buckets) if on_cores else 0.0
+    codec_total = sum(k * times["codec_bytes"](e) / times["codec_bw"] for e, k in buckets) if on_cores else 0.0
     bwd = times["bwd"] + codec_total
 
     def ready(done):
         return times["fwd"] + bwd * (done / P if overlap else 1.0)
 
-    done, end, comm, codec, sent, colls = 0, times["fwd"], 0.0, 0.0, 0.0, []
+    done, end, comm, codec, sent, nic, colls = 0, times["fwd"], 0.0, 0.0, 0.0, 0.0, []
     for e, k in buckets:
-        t_codec = times["codec_bytes"] * e / times["codec_bw"]
+        t_codec = times["codec_bytes"](e) / times["codec_bw"]
         t_comm = 0.0
         if N > 1:
             r = run(op, e * elem_bytes)
-            t_comm, sent = r.seconds, sent + k * r.bytes_sent_per_rank
+            t_comm, sent, nic = r.seconds, sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
             _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds, count=k)
         c = (0.0 if on_cores else t_codec) + t_comm
         # bucket j of the run is ready at ready(done + j e) and takes c on the stream, so the stream ends at
@@ -251,28 +295,29 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
     if control and N > 1:
         r = run("allreduce", wire.CONTROL.nbytes)
         end = max(end, times["fwd"] + bwd) + r.seconds
-        comm, sent = comm + r.seconds, sent + r.bytes_sent_per_rank
+        comm, sent, nic = comm + r.seconds, sent + r.bytes_sent_per_rank, nic + r.nic_bytes_per_node
         _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
     exposed = max(0.0, end - (times["fwd"] + bwd))
     return dict(codec=codec, comm=comm, exposed=exposed, tail=[codec_total, exposed] if on_cores else [exposed],
-                msync=0.0, sent=sent, collectives=colls)
+                msync=0.0, sent=sent, nic=nic, collectives=colls)
 
 
 def _vote_step(run, method, buckets, N, times, K) -> dict:
     """After backward: the control all-reduce, then each bucket's codec and collectives in turn; every
     K steps the momenta are averaged (amortized as 1/K per step). Everything is exposed."""
-    comm, codec, sent, msync, colls = 0.0, 0.0, 0.0, 0.0, []
+    comm, codec, sent, nic, msync, colls = 0.0, 0.0, 0.0, 0.0, 0.0, []
     if N > 1:
         r = run("allreduce", wire.CONTROL.nbytes)
-        comm, sent = r.seconds, r.bytes_sent_per_rank
+        comm, sent, nic = r.seconds, r.bytes_sent_per_rank, r.nic_bytes_per_node
         _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
     for e, k in buckets:
-        codec += k * times["codec_bytes"] * e / times["codec_bw"]
+        codec += k * times["codec_bytes"](e) / times["codec_bw"]
         if N > 1:
             r = run(method, 4 * e)
             comm, sent = comm + k * r.seconds, sent + k * r.bytes_sent_per_rank
+            nic += k * r.nic_bytes_per_node
             _tally(colls, method, r.algorithm, 4 * e, r.seconds, count=k)
-    t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, collectives=colls)
+    t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, nic=nic, collectives=colls)
     _add_momentum_sync(t, run, buckets, N, K)
     t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
     return t
@@ -283,16 +328,17 @@ def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
     amortized as 1/K per step."""
     if K is None or N == 1:
         return
-    total, bytes_ = 0.0, 0.0
+    total, bytes_, nic = 0.0, 0.0, 0.0
     for e, k in buckets:
         r = run("momentum-sync", 4 * e)
-        total, bytes_ = total + k * r.seconds, bytes_ + k * r.bytes_sent_per_rank
+        total, bytes_, nic = total + k * r.seconds, bytes_ + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
         _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
     t["msync"] = total / K
     t["comm"] += t["msync"]
     t["exposed"] += t["msync"]
     t["tail"].append(t["msync"])
     t["sent"] += bytes_ / K
+    t["nic"] += nic / K
 
 
 def _tally(colls, what, alg, nbytes, seconds, per_step=1.0, count=1):

@@ -232,5 +232,9 @@ def run(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> Co
     res = CollectiveResult(op, "binomial-tree", profile.name, p, nbytes, seconds,
                            max(x.bytes_sent for x in per_rank), max(x.bytes_received for x in per_rank))
     res.messages = msgs
+    # a power of two per node (applies()): rank r's parent r - lowbit(r) is on another node iff G divides r,
+    # so nodes - 1 tree edges leave a node, each carrying the buffer once per phase
+    res.nic_bytes_per_node = ((cluster.nodes - 1) * nbytes * (2 if op == "allreduce" else 1) / cluster.nodes
+                              * cluster.nic_share)
     res.simulated_ranks = len(per_rank) + (len(t.reduce_memo) if op == "allreduce" else 0)
     return res
