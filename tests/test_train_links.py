@@ -62,6 +62,13 @@ def test_train_flags_and_config_keys_reach_the_config(tmp_path):
         config_from_args(_train_args(["--method", "allreduce", "--hierarchical"]))
 
 
+def test_hierarchical_local_ranks_need_a_node_size(capsys, monkeypatch):
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert main(["train", "--model", "mlp", "--ranks", "2", "--steps", "2", "--method", "vote-1bit",
+                 "--hierarchical"]) == 2
+    assert "--hierarchical on local ranks needs --node-size" in capsys.readouterr().err
+
+
 def test_link_figures_are_per_step_means_over_hosts():
     def window(host, tx, rx):
         zero = dict(tx_bytes=0, rx_bytes=0, tx_frames=0, rx_frames=0)

@@ -88,7 +88,11 @@ def run(args) -> int:
     if args.log:
         check_writable(args.log, "--log")
     progress = sys.stderr.isatty() or not args.json
-    if _launched():  # under torchrun, srun or mpirun: this process is one rank
+    launched = _launched()
+    if cfg.hierarchical and cfg.node_size is None and not (launched or args.lab):
+        raise ValueError("--hierarchical on local ranks needs --node-size (under torchrun it is LOCAL_WORLD_SIZE, "
+                         "on the lab --ranks-per-host)")
+    if launched:  # under torchrun, srun or mpirun: this process is one rank
         from lioncub.distributed import finish, init_distributed
 
         rank, _ = init_distributed()
