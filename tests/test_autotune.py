@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from lioncub.simulator import Cache, Cluster, simulate_step
+from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 
 from lioncub import autotune, methods, schedules
 
@@ -15,9 +15,9 @@ SCHEDS = ["none", "every:4", "every:16"]  # schedules the simulator takes direct
 def oracle_step(cluster, c, params, compute, backend="nccl", cache=None, memory_bandwidth="2TB/s"):
     """simulate_step's step time for a candidate (every:K / none only)."""
     k = None if c.momentum_sync == "none" else int(c.momentum_sync.split(":")[1])
-    alg = "auto" if c.layout == "flat" else {"allreduce": "hierarchical"}
-    return simulate_step(cluster, c.method, params, k, c.bucket_mb, compute, backend=backend, algorithm=alg,
-                         levels=c.levels, memory_bandwidth=memory_bandwidth, cache=cache).step_seconds
+    return simulate_step(cluster, c.method, params, k, c.bucket_mb, compute, backend=backend,
+                         hierarchical=c.layout == "hierarchical", levels=c.levels,
+                         memory_bandwidth=memory_bandwidth, cache=cache).step_seconds
 
 
 def check_against_simulator(res, cluster, params, compute, max_risk=math.inf, **kw):
@@ -114,15 +114,34 @@ def test_schedules_other_than_every_k_cost_their_syncs_over_the_planned_run():
     assert {c.momentum_sync for c in res.candidates} == {"none", "first:2:100", "geometric:4"}
 
 
-def test_hierarchical_layout_is_searched_but_not_recommended():
-    cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="10Gbit", latency="20us", intra_bandwidth="800Gbit")
-    res = autotune.search(cluster, 30_000_000, 0.05, backend="gloo", momentum_syncs=["none"], bucket_mbs=[25])
-    assert {c.layout for c in res.candidates} == {"flat", "hierarchical"}
-    check_against_simulator(res, cluster, 30_000_000, 0.05, backend="gloo")
+def test_hierarchical_layout_is_searched_and_picked_where_faster(tmp_path):
+    """Each compressed method in both layouts (allreduce flat only); on 8 nodes x 8 at 10 Gbit the
+    hierarchical vote-1bit is faster, is recommended, and the config carries its keys."""
+    cluster = Cluster.for_ranks(64, gpus_per_node=8, bandwidth="10Gbit", latency="50us")
+    res = autotune.search(cluster, 100_000_000, 0.05, methods=["allreduce", "vote-1bit"],
+                          momentum_syncs=["none"], bucket_mbs=[25])
+    assert {(c.method, c.layout) for c in res.candidates} == {("allreduce", "flat"), ("vote-1bit", "flat"),
+                                                              ("vote-1bit", "hierarchical")}
+    check_against_simulator(res, cluster, 100_000_000, 0.05)
+    rec, verdict = autotune.recommend(res)
+    flat = res.twin(rec, "flat")
+    assert rec.layout == "hierarchical" and rec.step_seconds < flat.step_seconds
+    assert "hierarchical layout" in verdict
+    model = autotune.ModelSpec("custom", 100_000_000, 0.05, "given")
+    cfg = autotune.build_config(rec, res, model, cluster, "test", get_profile("nccl"), verdict, steps=1000)
+    for sec in ("optimizer", "train"):
+        assert cfg[sec]["hierarchical"] is True and cfg[sec]["node_size"] == 8
+    assert cfg["collective"]["layout"] == "hierarchical"
+    # where flat is faster (one fast node pair, slow intra links) it is picked, without the keys
+    slow = Cluster.for_ranks(4, gpus_per_node=2, bandwidth="100Gbit", latency="5us", intra_bandwidth="1Gbit")
+    res = autotune.search(slow, 10_000_000, 0.05, methods=["vote-1bit"], momentum_syncs=["none"], bucket_mbs=[25])
     rec, _ = autotune.recommend(res)
-    assert rec.layout == "flat" and rec is next(c for c in res.ranked if c.layout == "flat")
-    assert all(c.layout == "flat" for c in res.best_per_method())
-
+    assert rec.layout == "flat" and "hierarchical" not in autotune.build_config(
+        rec, res, model, slow, "test", get_profile("nccl"), "", steps=1000)["optimizer"]
+    # --algorithms flat: no hierarchical layout; one GPU per node: none either
+    assert {c.layout for c in autotune.search(cluster, 100_000_000, 0.05, methods=["vote-1bit"],
+                                              momentum_syncs=["none"], bucket_mbs=[25],
+                                              algorithms="flat").candidates} == {"flat"}
 
 def test_l1_levels_candidates_are_the_widest_levels_of_each_field_width():
     for n in (2, 4, 8, 16, 64, 128, 1000):

@@ -15,9 +15,12 @@ The search space
 * l1-pbit levels: the default `127 // N`, and (for N > 4) for each wider p-bit field the most levels that
   fit in it (up to 4 more bits, at most 127): more levels cost bytes and lower the quantization risk;
 * bucket size (MiB of fp32 gradients): 4, 25, 100 (sizes that give the same buckets are one candidate);
-* collective layout: `flat` (the backend's own choice among the algorithms it implements, per
-  collective and message size, as NCCL's tuner or Gloo does) and, with several GPUs per node,
-  `hierarchical` allreduce (reduce-scatter inside the node, ring between nodes, all-gather inside);
+* collective layout, for the compressed methods: `flat` (every rank votes in the method's collectives)
+  and, with several GPUs per node, LionCub's `hierarchical` layout (`LionCub(hierarchical=True,
+  node_size=G)`: reduce-scatter of the gradients inside the node, the method's collectives across nodes
+  on each rank's shard with N/G voters, all-gather of the agreed codes inside); the faster wins and the
+  config says which. Separately, each collective's algorithm is the backend's own choice among those it
+  implements, per collective and message size, as NCCL's tuner or Gloo does;
 * momentum sync: none, every:K (K = 1, 2, 4, ..., 1024, below the planned run length), first:K:M
   (every K steps during the first tenth of the run) and geometric:K (interval doubles every K syncs).
   every:K is simulated as such; first/geometric cost the no-sync step plus their sync rate over the

@@ -33,20 +33,21 @@ from .space import (
 # text output
 # ---------------------------------------------------------------------------------------------------------
 def format_table(rows: list[Candidate], recommended: Candidate | None = None,
-                 hierarchical: dict | None = None) -> str:
-    """One row per configuration; `hierarchical` maps a row's index to its hierarchical twin (a column)."""
+                 other_layout: dict | None = None) -> str:
+    """One row per configuration; `other_layout` maps a row's index to the same configuration in the other
+    layout (flat <-> hierarchical), whose step time is a column."""
     head = ["#", "method", "levels", "momentum sync", "bucket", "layout", "algorithms", "step", "speedup",
             "bytes/step", "risk"]
-    if hierarchical is not None:
-        head.insert(8, "hierarchical")
+    if other_layout is not None:
+        head.insert(8, "other layout")
     body = []
     for i, c in enumerate(rows, 1):
         row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
                "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
-        if hierarchical is not None:
-            t = hierarchical.get(i - 1)
+        if other_layout is not None:
+            t = other_layout.get(i - 1)
             row.insert(8, format_time(t.step_seconds) if t is not None else "-")
         body.append(row)
     widths = [max(len(h), *(len(b[j]) for b in body)) if body else len(h) for j, h in enumerate(head)]
@@ -85,8 +86,8 @@ def register(sub) -> None:
     import textwrap
 
     intro = ("Describe the model and the cluster; the simulator predicts the step time of every configuration "
-             "(method, l1-pbit levels, bucket size, flat or hierarchical allreduce, momentum-sync schedule); the "
-             "fastest within --max-risk is recommended, and --output writes it as a config that "
+             "(method, l1-pbit levels, bucket size, flat or LionCub's hierarchical layout, momentum-sync schedule); "
+             "the fastest within --max-risk is recommended, and --output writes it as a config that "
              "LionCub(params, **cfg['optimizer']) and `lioncub train --config FILE` accept. When compression "
              "does not pay (or beats allreduce by less than --min-speedup), allreduce is recommended.")
     gpu = (f"Compute time per step, unless --compute-seconds: training FLOPs / achieved FLOP/s. The default "
@@ -134,9 +135,10 @@ def register(sub) -> None:
                                            "with M = steps/10, geometric:2,8,32)")
     s.add_argument("--levels", type=int, help="fix l1-pbit's levels (default: 127 // N and wider fields)")
     s.add_argument("--algorithms", default="backend", choices=["backend", "flat", "all"],
-                   help="backend: the algorithms the backend implements (chosen per collective), plus a "
-                        "hierarchical allreduce with several GPUs per node; flat: no hierarchical; all: every "
-                        "algorithm the simulator models (default backend)")
+                   help="backend: the algorithms the backend implements (chosen per collective), and with "
+                        "several GPUs per node each compressed method also in LionCub's hierarchical layout; "
+                        "flat: no hierarchical layout; all: every algorithm the simulator models, both layouts "
+                        "(default backend)")
     s.add_argument("--no-overlap", action="store_true",
                    help="simulate allreduce as LionCub(method='allreduce') runs it, after backward (default: "
                         "overlapped with backward, as DDP does)")
@@ -285,10 +287,12 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
     rows = result.ranked[: args.top] if args.top else result.best_per_method()
     twins = None
     if not args.top and "hierarchical" in sp["layouts"]:
-        twins = {i: result.twin(c, "hierarchical") for i, c in enumerate(rows)}
-    say(("fastest configurations" if args.top else "fastest flat configuration of each method") + ", ranked by "
-        "predicted step time (speedup over the baseline above; bytes sent per rank per step"
-        + ("; hierarchical: the same with a hierarchical allreduce, a what-if" if twins else "") + "):")
+        other = {"flat": "hierarchical", "hierarchical": "flat"}
+        twins = {i: result.twin(c, other[c.layout]) for i, c in enumerate(rows)}
+    say(("fastest configurations" if args.top else "fastest configuration of each method") + ", ranked by "
+        "predicted step time (speedup over the baseline above; bytes sent per rank per step; layout: flat, or "
+        f"LionCub's hierarchical with nodes of {sp['node_size']}"
+        + ("; other layout: the same configuration's step in the other layout" if twins else "") + "):")
     say(format_table(rows, rec, twins))
     excluded = [m for m in st.methods if m not in {c.method for c in result.ranked}]
     if excluded:

@@ -28,8 +28,9 @@ def collective_section(c: Candidate, backend: str) -> dict:
     sec = {"layout": c.layout, "hierarchical": c.layout == "hierarchical", "algorithms": c.algorithms,
            "collectives": c.collectives, "env": {}, "notes": []}
     if c.layout == "hierarchical":
-        sec["notes"].append("hierarchical allreduce needs intra-node and inter-node process groups; LionCub "
-                            "issues flat collectives on one group, so this is a what-if")
+        sec["notes"].append("LionCub's hierarchical layout (optimizer/train keys hierarchical, node_size): inside "
+                            "each node a reduce-scatter of the gradients and an all-gather of the agreed codes, "
+                            "the method's collectives across nodes on each rank's shard")
     if backend == "nccl" and bulk:
         both = bulk | control
         if len(both) == 1 and next(iter(both)) in NCCL_ALGO:
@@ -56,6 +57,9 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
     train = {"method": c.method, "momentum_sync": "none" if c.dense else c.momentum_sync, "bucket_mb": c.bucket_mb}
     if c.levels is not None:
         opt["levels"] = train["levels"] = c.levels
+    if c.layout == "hierarchical":
+        opt["hierarchical"] = train["hierarchical"] = True
+        opt["node_size"] = train["node_size"] = cluster.gpus_per_node
     warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)
     if warmup:
         opt["dense_warmup"] = train["dense_warmup"] = warmup

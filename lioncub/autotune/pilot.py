@@ -36,13 +36,12 @@ PILOT_RUNNERS: dict[str, Callable] = {"local": _local_runner, "lab": _lab_runner
 
 
 def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Candidate]:
-    """The best allreduce configuration, then the `top` fastest (flat) ones that train differently within a
+    """The best allreduce configuration, then the `top` fastest ones that train differently within a
     `steps`-step pilot: distinct method, levels and momentum-sync steps (bucket and layout do not change
     the arithmetic; every:K with K > steps trains like none there)."""
     out, seen = [], set()
-    flat = [c for c in ranked if c.deployable]
-    ar = next((c for c in flat if c.method == "allreduce"), None)
-    for c in flat:
+    ar = next((c for c in ranked if c.method == "allreduce"), None)
+    for c in ranked:
         key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)))
         if c.dense or key in seen:
             continue

@@ -70,7 +70,7 @@ class Candidate:
     levels: int | None
     momentum_sync: str
     bucket_mb: float
-    layout: str  # "flat" or "hierarchical"
+    layout: str  # "flat", or "hierarchical": LionCub(hierarchical=True, node_size=gpus_per_node)
     step_seconds: float
     compute_seconds: float
     codec_seconds: float
@@ -91,8 +91,9 @@ class Candidate:
 
     @property
     def deployable(self) -> bool:
-        """LionCub issues flat collectives on one process group: a hierarchical layout is a what-if."""
-        return self.layout == "flat"
+        """Every configuration searched runs as it is (LionCub implements both layouts); kept for the
+        JSON's readers."""
+        return True
 
     @property
     def algorithms(self) -> dict:
@@ -138,10 +139,10 @@ class SearchResult:
     space: dict
 
     def best_per_method(self) -> list[Candidate]:
-        """The fastest deployable (flat) configuration of each method within the risk bound."""
+        """The fastest configuration of each method (either layout) within the risk bound."""
         seen, out = set(), []
         for c in self.ranked:
-            if c.deployable and c.method not in seen:
+            if c.method not in seen:
                 seen.add(c.method)
                 out.append(c)
         return out
@@ -173,9 +174,10 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
         `LionCub(method="allreduce")` does (False).
     momentum_syncs: schedule strings (default: `default_schedules(steps)`).
     levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
-    algorithms: "backend" (the backend's algorithms, plus a hierarchical allreduce layout when there are
-        several GPUs per node), "flat" (no hierarchical layout), "all" (every algorithm the simulator
-        models for `auto` to choose from, plus hierarchical).
+    algorithms: which collective algorithms `auto` chooses from, and the layouts: "backend" (the backend's
+        algorithms; with several GPUs per node each compressed method also in LionCub's hierarchical
+        layout), "flat" (no hierarchical layout), "all" (every algorithm the simulator models, both
+        layouts).
 
     Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
     step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
@@ -219,19 +221,25 @@ def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, 
     for s in scheds:
         if s.startswith("every:") and int(s.split(":")[1]) > steps:
             raise ValueError(f"momentum sync {s} never syncs in a {steps}-step run (--steps)")
+    # LionCub's hierarchical layout (compressed methods): nodes of gpus_per_node ranks, N/G voters
     layouts = ["flat"]
     if algorithms != "flat" and cluster.gpus_per_node > 1 and cluster.nodes > 1:
         layouts.append("hierarchical")
+    if levels is not None and (isinstance(levels, bool) or not isinstance(levels, int) or levels < 1):
+        raise ValueError(f"levels must be a positive integer, got {levels!r}")
+    l1_levels = {lay: _l1_levels(N if lay == "flat" else cluster.nodes, levels) for lay in layouts}
+    return dict(ranks=N, node_size=cluster.gpus_per_node, methods=methods, l1_levels=l1_levels["flat"],
+                bucket_mb=buckets, layouts=layouts, momentum_syncs=scheds, l1_levels_by_layout=l1_levels)
+
+
+def _l1_levels(voters: int, levels: int | None) -> list[int]:
+    """l1-pbit's levels to search for this many voters (N; the nodes in the hierarchical layout)."""
+    l1 = registry.get("l1-pbit")
     if levels is not None:
-        if isinstance(levels, bool) or not isinstance(levels, int) or levels < 1:
-            raise ValueError(f"levels must be a positive integer, got {levels!r}")
-        l1_levels = [registry.get("l1-pbit").resolve_levels(N, levels)]  # raises if it cannot fit
-    elif N <= MEASURED_AT:  # the risk rule gives more levels no benefit here: they would only cost bytes
-        l1_levels = [registry.get("l1-pbit").resolve_levels(N)]
-    else:
-        l1_levels = l1_levels_candidates(N)
-    return dict(ranks=N, methods=methods, l1_levels=l1_levels, bucket_mb=buckets, layouts=layouts,
-                momentum_syncs=scheds)
+        return [l1.resolve_levels(voters, levels)]  # raises if it cannot fit
+    if voters <= MEASURED_AT:  # the risk rule gives more levels no benefit here: they would only cost bytes
+        return [l1.resolve_levels(voters)]
+    return l1_levels_candidates(voters)
 
 
 def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress,
@@ -239,9 +247,10 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
     """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
     no-sync step plus their syncs per step times one sync."""
     N = cluster.ranks
-    groups = [(m, lv, b, lay) for m in space["methods"]
-              for lv in (space["l1_levels"] if registry.get(m).uses_levels else [None])
-              for b in space["bucket_mb"] for lay in space["layouts"]]
+    groups = [(m, lv, b, lay) for m in space["methods"] for lay in space["layouts"]
+              if lay == "flat" or not registry.get(m).dense
+              for lv in (space["l1_levels_by_layout"][lay] if registry.get(m).uses_levels else [None])
+              for b in space["bucket_mb"]]
     bar = None
     if progress:
         from tqdm import tqdm
@@ -252,10 +261,8 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
     cands: list[Candidate] = []
     try:
         for m, lv, b, lay in groups:
-            alg = "auto" if lay == "flat" else {"allreduce": "hierarchical"}
-
-            def sim(k, m=m, lv=lv, b=b, alg=alg):
-                return simulate_step(cluster, m, params, k, b, algorithm=alg, levels=lv, **step_kw)
+            def sim(k, m=m, lv=lv, b=b, hier=lay == "hierarchical"):
+                return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=hier, **step_kw)
 
             r0 = sim(None)
             per_sync = None
@@ -296,19 +303,17 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
 # recommendation
 # ---------------------------------------------------------------------------------------------------------
 def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidate | None, str]:
-    """(the configuration to run, a verdict in words). The fastest deployable (flat) configuration within
+    """(the configuration to run, a verdict in words). The fastest configuration (either layout) within
     the risk bound, unless it is a compressed method that beats the best allreduce configuration by less
     than `min_speedup`: then compression does not pay and the baseline is recommended."""
     if not result.ranked:
         return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
-    flat = [c for c in result.ranked if c.deployable]
-    best = flat[0]
-    ar = next((c for c in flat if c.method == "allreduce"), None)
+    best = result.ranked[0]
+    ar = next((c for c in result.ranked if c.method == "allreduce"), None)
     notes = []
-    top = result.ranked[0]
-    if not top.deployable and best.step_seconds > 1.02 * top.step_seconds:
-        notes.append(f"a hierarchical allreduce ({top.label()}) would be {best.step_seconds / top.step_seconds:.2f}x "
-                     "faster still, but LionCub issues flat collectives on one process group today")
+    if best.layout == "hierarchical" and (flat := result.twin(best, "flat")) is not None:
+        notes.append(f"the hierarchical layout (nodes of {result.space['node_size']}) is "
+                     f"{flat.step_seconds / best.step_seconds:.2f}x faster than the same configuration flat")
     if result.space.get("ranks") == 1:
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
     elif best.method == "allreduce":
