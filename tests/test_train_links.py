@@ -12,7 +12,7 @@ from lioncub.benchmarks.train import HIER, _configs, bench_convergence, bench_tr
 from lioncub.cli import main
 from lioncub.lab import missing_privileges
 from lioncub.train.cli import config_from_args, register
-from lioncub.train.lab import link_per_step, predicted
+from lioncub.train.lab import link_per_step, predicted, prediction
 from lioncub.train.loop import TrainConfig
 
 WHY = missing_privileges()
@@ -82,15 +82,18 @@ def test_link_figures_are_per_step_means_over_hosts():
 
 
 def test_hierarchical_prediction_uses_the_lab_nodes_or_is_absent():
-    """Predicted with the simulator's hierarchical layout (nodes = the lab's hosts) where it has one; None
-    (no prediction, never the flat layout's) where it cannot model the run."""
+    """Predicted with the simulator's hierarchical layout, nodes = the lab's hosts; None (no prediction, never
+    the flat layout's) for nodes the simulator's cluster does not have."""
     summary = dict(params=3_220_480, compute_seconds=0.1)
-    flat = predicted(TrainConfig(model="char-small", method="vote-1bit"), summary, 8, "25Mbit", 2)
-    hier = predicted(TrainConfig(model="char-small", method="vote-1bit", hierarchical=True), summary, 8, "25Mbit", 2)
-    assert flat > 0.1
-    assert hier is None or (hier > 0.1 and hier != flat)
+    flat = prediction(TrainConfig(model="char-small", method="vote-1bit"), summary, 8, "25Mbit", 2)
+    hier = prediction(TrainConfig(model="char-small", method="vote-1bit", hierarchical=True), summary, 8,
+                      "25Mbit", 2)
+    assert (flat.hierarchical, hier.hierarchical, hier.node_size) == (False, True, 2)
+    assert 0.1 < hier.step_seconds < flat.step_seconds  # 25 Mbit/s: the link bytes decide
+    assert 0 < hier.nic_bytes_per_node < flat.nic_bytes_per_node
+    assert predicted(TrainConfig(model="char-small", method="vote-1bit"), summary, 8, "25Mbit", 2) == flat.step_seconds
     other = TrainConfig(model="char-small", method="vote-1bit", hierarchical=True, node_size=4)
-    assert predicted(other, summary, 8, "25Mbit", 2) is None
+    assert prediction(other, summary, 8, "25Mbit", 2) is None and predicted(other, summary, 8, "25Mbit", 2) is None
 
 
 def test_table_shows_link_bytes_and_marks_hierarchical_rows():
@@ -137,3 +140,5 @@ def test_bench_train_runs_hierarchical_rows_on_hosts_of_two_ranks(capsys):
     # exchange all of it with one another (2 of each host's 3 peers across the link): fewer link bytes
     assert hier["link_bytes_per_step"] < flat["link_bytes_per_step"]
     assert hier["link_vs_baseline"] == pytest.approx(hier["link_bytes_per_step"] / flat["link_bytes_per_step"])
+    assert 0 < hier["predicted_nic_bytes_per_step"] < flat["predicted_nic_bytes_per_step"]
+    assert hier["predicted_step_seconds"] > 0

@@ -108,7 +108,8 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
                     k: s[k] for k in ("final_loss", "step_seconds", "mean_step_seconds", "compute_seconds",
                                       "codec_seconds", "comm_seconds", "bytes_per_step", "predicted_step_seconds",
                                       "params")},
-                    **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts")},
+                    **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
+                                             "predicted_nic_bytes_per_step")},
                     limit_seconds=limit))
                 print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
                       f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}",

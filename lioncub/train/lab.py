@@ -12,6 +12,8 @@ directions (tx + rx), in Ethernet frames as the shapers account them (14-byte he
 TCP/IP/Ethernet framing included, preamble/FCS/gap not); `link_tx_bytes_per_step` the mean sent up each
 link; `link_hosts` each host's per-step counts (frames and the veth's own counters too, see
 `lioncub.lab.netns.link_counters`). Traffic between the ranks of one host stays on the host and is not counted.
+`predicted_nic_bytes_per_step` is the simulator's count of the same thing outwards, as TCP payload: the
+measured `link_tx_bytes_per_step` adds the frames' headers (1514 bytes per 1448), ACKs and control messages.
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, pr
     summary.pop("link", None)
     summary.update(link)
     summary["lab"] = {k: v for k, v in lab.describe().items() if k != "hosts"}
-    summary["predicted_step_seconds"] = predicted(cfg, summary, ranks, lab.rate_bps, ranks_per_host, compute_seconds)
+    p = prediction(cfg, summary, ranks, lab.rate_bps, ranks_per_host, compute_seconds)
+    summary["predicted_step_seconds"] = p and p.step_seconds
+    summary["predicted_nic_bytes_per_step"] = p and p.nic_bytes_per_node
     return summary
 
 
@@ -56,17 +60,23 @@ def link_per_step(windows: list[dict | None]) -> dict:
                 link_window_steps=windows[0]["steps"], link_hosts=hosts)
 
 
-def predicted(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1,
-              compute_seconds=None) -> float | None:
-    """The calibrated simulator's step time for this run; None where the simulator cannot model it."""
+def prediction(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1, compute_seconds=None):
+    """The calibrated simulator's StepResult for this run; None where the simulator cannot model it."""
     from lioncub.train.predict import predict_step
 
     compute = summary["compute_seconds"] if compute_seconds is None else compute_seconds
     try:
         return predict_step(cfg, summary["params"], compute, ranks=ranks, bandwidth=bandwidth,
-                            ranks_per_host=ranks_per_host).step_seconds
+                            ranks_per_host=ranks_per_host)
     except NotImplementedError:
         return None
+
+
+def predicted(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1,
+              compute_seconds=None) -> float | None:
+    """The calibrated simulator's step time for this run; None where the simulator cannot model it."""
+    p = prediction(cfg, summary, ranks, bandwidth, ranks_per_host, compute_seconds)
+    return None if p is None else p.step_seconds
 
 
 def _rank_main() -> None:

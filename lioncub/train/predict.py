@@ -20,15 +20,11 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     over links of `bandwidth`, with the lab's calibrated Gloo profile by default. The ddp+lion baseline is the
     allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes;
     raises NotImplementedError where the simulator cannot model the run (then there is no prediction)."""
-    import inspect
-
     from lioncub.simulator import Cluster, simulate_step
     from lioncub.train import DDP_LION
 
     layout = {}
     if cfg.hierarchical:
-        if "hierarchical" not in inspect.signature(simulate_step).parameters:
-            raise NotImplementedError("the simulator does not model the hierarchical layout")
         if cfg.node_size not in (None, ranks_per_host):
             raise NotImplementedError(f"the simulator's nodes are the hosts ({ranks_per_host} ranks), not nodes of "
                                       f"{cfg.node_size}")
