@@ -94,6 +94,14 @@ def scale_rows(ranks: list[int], step_ranks: int, params: str, autotune_params: 
                      "peak_bytes": r["peak_bytes"], "load_average": r["load_average"],
                      "simulated_seconds": r["output"]["seconds"], "target_seconds": STEP_TARGET[0],
                      "target_bytes": STEP_TARGET[1]})
+        # LionCub's hierarchical layout, 8 ranks per node: one node's and one cross group's collectives
+        r = _run_child(["simulate", "step", "--method", "vote-1bit", "--params", params, "--ranks", str(step_ranks),
+                        "--gpus-per-node", "8", "--hierarchical", "--compute-seconds", "1"], repeat)
+        rows.append({"bench": f"{step_ranks}-rank (8 per node) simulate step vote-1bit --hierarchical, {params} "
+                              "params", "what": "step-hierarchical", "ranks": step_ranks, "backend": "nccl",
+                     "wall_seconds": r["wall_seconds"], "peak_bytes": r["peak_bytes"],
+                     "load_average": r["load_average"], "simulated_seconds": r["output"]["seconds"],
+                     "target_seconds": STEP_TARGET[0], "target_bytes": STEP_TARGET[1]})
         r = _run_child(["autotune", "--ranks", str(step_ranks), "--params", autotune_params, "--compute-seconds",
                         "0.3"], repeat)
         rows.append({"bench": f"{step_ranks}-rank autotune, {autotune_params} params", "what": "autotune",
