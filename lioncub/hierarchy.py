@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from lioncub import transport
+from lioncub import transport, wire
 
 
 def resolve_node_size(node_size: int | None) -> int:
@@ -126,3 +126,21 @@ class ShardExchange:
         n = self._result_bytes
         return [self.inner.code_from(self._gathered[s * n : (s + 1) * n].view(self._result_dtype))
                 for s in range(self.nodes.size)]
+
+
+class SignGather:
+    """A dense warm-up step's node all-gather: each rank's sign(c) of its shard, in the p-bit `layout` of one
+    voter (`code`), gathered so every rank holds every shard's."""
+
+    def __init__(self, b, nodes: Nodes, layout):
+        self.nodes = nodes
+        self.code = torch.zeros(layout.words(b.shard), dtype=getattr(torch, layout.dtype), device=b.g.device)
+        self._bytes = self.code.numel() * self.code.element_size()
+        self._gathered = torch.empty(nodes.size * self._bytes, dtype=torch.uint8, device=b.g.device)
+        self.collective = wire.Collective("allgather", nodes.size * self._bytes, "uint8", "node")
+
+    def __call__(self) -> list:
+        transport.call("all_gather_into_tensor (hierarchical signs)", transport.all_gather, self._gathered,
+                       self.code.view(torch.uint8), group=self.nodes.intra)
+        n = self._bytes
+        return [self._gathered[s * n : (s + 1) * n].view(self.code.dtype) for s in range(self.nodes.size)]

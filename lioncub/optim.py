@@ -215,9 +215,9 @@ class LionCub(torch.optim.Optimizer):
             if node_size is not None:
                 raise ValueError("node_size applies only with hierarchical=True")
             return 1, None
-        if self.spec.dense or self.dense_warmup:
-            raise ValueError("hierarchical=True is for the compressed methods, without dense_warmup (allreduce "
-                             "leaves its hierarchy to NCCL/Gloo)")
+        if self.spec.dense:
+            raise ValueError("hierarchical=True is for the compressed methods (allreduce leaves its hierarchy to "
+                             "NCCL/Gloo)")
         G = hierarchy.resolve_node_size(node_size)
         if self.world_size == 1:
             if not (dist.is_available() and dist.is_initialized()):
@@ -518,7 +518,7 @@ class LionCub(torch.optim.Optimizer):
         x = getattr(b, attr, None)
         if x is None or x.group is not self.process_group:
             wire_dtype = str(self.grad_wire_dtype).removeprefix("torch.")
-            if self._nodes is not None:
+            if self._nodes is not None and not spec.dense:
                 x = hierarchy.ShardExchange(spec, b, self._nodes, self.levels, wire_dtype, self.process_group)
             else:
                 x = spec.exchange(b.n, b.g.device, self.process_group, levels=self.levels if spec is self.spec else 0,
@@ -558,12 +558,35 @@ class LionCub(torch.optim.Optimizer):
         # the reduced gradients are identical on all ranks, so this check agrees without a message
         if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
             return self._skip("non-finite gradient", collectives, comm, exposed)
-        for b in self._buckets:
-            kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
+        if self._nodes is not None:
+            collectives = list(collectives) + self._lion_step_sharded()
+        else:
+            for b in self._buckets:
+                kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
         self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
         sent, recv = self._traffic(collectives)
         self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
+
+    def _lion_step_sharded(self) -> list:
+        """A dense warm-up step in the hierarchical layout, on gradients averaged over every rank: each rank
+        forms sign(c) of its shard with its momentum shard (updating it), the node all-gathers the signs
+        (2-bit fields: vote-pbit's code of one voter) and every rank applies all of them: bit-identical to
+        Lion on the mean gradient."""
+        spec, collectives = methods.get("vote-pbit"), []
+        layout, mine = spec.layout(1), self._nodes.local
+        for b in self._buckets:
+            h, S = self._hyper(b), b.shard
+            x = getattr(b, "sign_gather", None)
+            if x is None:
+                x = b.sign_gather = hierarchy.SignGather(b, self._nodes, layout)
+            kernels.quantize_pack(spec.codec, b.g_full[mine * S : (mine + 1) * S], b.m, x.code, beta1=h["beta1"],
+                                  beta2=h["beta2"], layout=layout)
+            for s, code in enumerate(x()):
+                kernels.unpack_apply(spec.codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"],
+                                     world_size=1, layout=layout)
+            collectives.append(x.collective)
+        return collectives
 
     def _step_compressed(self, clock) -> None:
         """Communicate inside step(): agree on the non-finite flag first, then per bucket quantize (with

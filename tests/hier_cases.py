@@ -208,3 +208,30 @@ def dcp_flat_load(rank, world_size, path):
 
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
     checkpoint.load(path, net, LionCub(net.parameters(), lr=0.01, method="vote-1bit", bucket_mb=1e-3))
+
+
+def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
+    """dense_warmup=K, hierarchical and flat: the parameters after every step, and after step K this rank's
+    momentum shard and the same slice of the flat run's (every rank's) momentum."""
+    runs, shards = {}, None
+    for hier in (True, False):
+        params, groups = dist_cases.make_params()
+        opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB, dense_warmup=K,
+                      hierarchical=hier, node_size=G if hier else None)
+        if hier:
+            shards = [b.shard for b in opt._buckets]
+        trace, moms = [], None
+        for step in range(1, steps + 1):
+            opt.zero_grad()
+            grads = exact_grads(params, rank, step)
+            effective = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+            sum((p.float() * g.float()).sum() for p, g in zip(params, effective)).backward()
+            opt.step()
+            trace.append(dist_cases.flat(params))
+            if step == K:
+                lo = [(rank % G) * S for S in shards]
+                moms = [b.m[: max(0, min(S, b.n - a))] if hier else b.m[a : a + S]
+                        for b, S, a in zip(opt._buckets, shards, lo)]
+                moms = torch.cat([m.float() for m in moms])
+        runs[hier] = dict(trace=trace, momenta=moms, stats=opt.stats.as_dict())
+    return runs

@@ -90,3 +90,14 @@ def test_dcp_checkpoint_resumes_momentum_shards_bit_exactly(tmp_path):
         assert torch.equal(a["params"], b["params"]) and torch.equal(a["shards"], b["shards"])
     with pytest.raises(Exception, match="same layout"):  # a flat optimizer cannot take momentum shards
         spawn(hier_cases.dcp_flat_load, 4, path, timeout=120)
+
+
+def test_dense_warmup_is_plain_lion_on_the_mean_gradient():
+    K = 3
+    for runs in spawn(hier_cases.dense_warmup_matches_flat, 4, 2, K, 5, timeout=120):
+        flat, hier = runs[False], runs[True]
+        for step in range(K):  # the warm-up: bit-identical
+            assert torch.equal(flat["trace"][step], hier["trace"][step]), step
+        assert torch.equal(flat["momenta"], hier["momenta"])  # the shard of the one global momentum
+        assert not torch.equal(flat["trace"][K], hier["trace"][K])  # then each layout votes its own way
+        assert hier["stats"]["skipped_steps"] == 0

@@ -67,8 +67,8 @@ class TrainConfig:
         schedules.parse(self.momentum_sync)  # validate early
         if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
             raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
-        if self.hierarchical and (self.method in (DDP_LION, "allreduce") or self.dense_warmup):
-            raise ValueError("hierarchical applies to the compressed methods, without dense_warmup")
+        if self.hierarchical and self.method in (DDP_LION, "allreduce"):
+            raise ValueError("hierarchical applies to the compressed methods")
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 
