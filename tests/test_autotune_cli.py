@@ -225,3 +225,24 @@ def test_tiny_real_pilot(capsys):
     reached = [r["predicted_time_to_target_seconds"] for r in p["runs"] if r["steps_to_target"] is not None]
     assert reached == sorted(reached) and reached  # the allreduce pilot reaches its own target
     assert out["recommended"]["pilot"] == p
+
+
+def test_hierarchical_candidates_are_piloted_in_their_layout(monkeypatch):
+    """A hierarchical candidate trains differently (node means vote), so its pilot runs hierarchical, on
+    nodes the pilot's ranks can hold."""
+    assert [autotune.pilot_node_size(r, 8) for r in (16, 8, 6, 4, 3, 2)] == [8, 4, 3, 2, 1, 1]
+    cluster = Cluster.for_ranks(16, 4, bandwidth="10Gbit", latency="20us")
+    res = autotune.search(cluster, 100_000_000, 0.05, methods=["vote-1bit"], momentum_syncs=["none"],
+                          bucket_mbs=[25])
+    cands = autotune.pilot_candidates(res.ranked, 4, steps=10)
+    assert {c.layout for c in cands if c.method == "vote-1bit"} == {"flat", "hierarchical"}
+    seen = []
+
+    def fake(cfg, ranks, cluster=None):
+        seen.append(cfg)
+        return {"final_loss": 1.0, "records": [{"loss": 1.0}] * 10, "step_seconds": 0.01}
+
+    monkeypatch.setitem(autotune.PILOT_RUNNERS, "fake", fake)
+    autotune.run_pilots(cands, steps=10, ranks=4, model="char-tiny", runner="fake", cluster=cluster, target_loss=1.0)
+    layouts = {(cfg.method, cfg.hierarchical, cfg.node_size) for cfg in seen}
+    assert layouts == {("vote-1bit", False, None), ("vote-1bit", True, 2)}

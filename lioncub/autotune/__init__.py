@@ -45,7 +45,16 @@ from .models import (
     builtin_params,
     model_spec,
 )
-from .pilot import PILOT_RUNNERS, TARGET_AT, pilot_candidates, pilot_to_dict, pilot_verdict, run_pilots, smoothed
+from .pilot import (
+    PILOT_RUNNERS,
+    TARGET_AT,
+    pilot_candidates,
+    pilot_node_size,
+    pilot_to_dict,
+    pilot_verdict,
+    run_pilots,
+    smoothed,
+)
 from .risk_rule import MEASURED_AT, RISK_LEVELS, RISK_RULE, level_of, parse_max_risk, risk, unsynced_share
 from .risk_rule import _sync_steps as _sync_steps  # the tests check it against the schedules
 from .space import (
@@ -68,6 +77,6 @@ __all__ = ["BASELINE_BUCKET_MB", "BUILTIN", "CLUSTER_PRESETS", "DEFAULT_BUCKETS_
            "PILOT_RUNNERS", "PRESETS", "RISK_LEVELS", "RISK_RULE", "TARGET_AT", "UTILIZATION", "Candidate",
            "ModelSpec", "SearchResult", "build_config", "builtin_params", "collective_section",
            "default_schedules", "format_pilot", "format_table", "l1_levels_candidates", "level_of",
-           "make_cluster", "model_spec", "normalize_schedule", "parse_max_risk", "pilot_candidates",
+           "make_cluster", "model_spec", "normalize_schedule", "parse_max_risk", "pilot_candidates", "pilot_node_size",
            "pilot_to_dict", "pilot_verdict", "recommend", "register", "risk", "run", "run_pilots", "search",
            "search_info", "smoothed", "unsynced_share", "write_config"]

@@ -37,12 +37,13 @@ PILOT_RUNNERS: dict[str, Callable] = {"local": _local_runner, "lab": _lab_runner
 
 def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Candidate]:
     """The best allreduce configuration, then the `top` fastest ones that train differently within a
-    `steps`-step pilot: distinct method, levels and momentum-sync steps (bucket and layout do not change
-    the arithmetic; every:K with K > steps trains like none there)."""
+    `steps`-step pilot: distinct method, levels, momentum-sync steps and layout (the hierarchical layout
+    votes with node means; the bucket size does not change the arithmetic; every:K with K > steps trains
+    like none there)."""
     out, seen = [], set()
     ar = next((c for c in ranked if c.method == "allreduce"), None)
     for c in ranked:
-        key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)))
+        key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)), c.layout)
         if c.dense or key in seen:
             continue
         seen.add(key)
@@ -50,6 +51,16 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
         if len(out) == top:
             break
     return ([ar] if ar else []) + out
+
+
+def pilot_node_size(ranks: int, gpus_per_node: int) -> int:
+    """Nodes for a hierarchical pilot on `ranks` ranks: the cluster's node size where the pilot holds at
+    least two such nodes, else the largest divisor of `ranks` below it that gives two (1: the pilot cannot
+    form nodes, and trains flat)."""
+    for g in range(min(gpus_per_node, ranks // 2), 0, -1):
+        if ranks % g == 0:
+            return g
+    return 1
 
 
 TARGET_AT = 2 / 3
@@ -98,6 +109,8 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
             kw["block_size"] = block_size
         if lr is not None:
             kw["lr"] = lr
+        if c.layout == "hierarchical":
+            kw.update(hierarchical=True, node_size=pilot_node_size(ranks, cluster.gpus_per_node if cluster else 1))
         cfg = TrainConfig(**kw)
         if log:
             log(f"  pilot {c.label()}: {steps} steps of {model} on {ranks} {runner} rank(s)")

@@ -260,10 +260,11 @@ def reshape(net: Network, rate_bps: float) -> None:
     net.save()
 
 
-def _qdisc_sent(netns: str) -> dict[str, tuple[int, int]]:
-    """dev -> (bytes, packets) its root qdisc has sent, for every device of a namespace (one `tc`)."""
+def _qdisc_sent(netns: str) -> dict[str, tuple[int, int, int]]:
+    """dev -> (bytes, packets, drops) of its root qdisc, for every device of a namespace (one `tc`)."""
     found = json.loads(_run(["tc", "-n", netns, "-s", "-j", "qdisc", "show"]) or "[]")
-    return {q["dev"]: (int(q["bytes"]), int(q["packets"])) for q in found if q.get("root", True)}
+    return {q["dev"]: (int(q["bytes"]), int(q["packets"]), int(q.get("drops", 0)))
+            for q in found if q.get("root", True)}
 
 
 def link_counters(net: Network, hosts: list[int] | None = None) -> list[dict[str, int]]:
@@ -272,7 +273,8 @@ def link_counters(net: Network, hosts: list[int] | None = None) -> list[dict[str
     * `tx_bytes`/`tx_frames`: Ethernet frames the host sent up its link, as its upload shaper (tbf)
       accounted them: 14-byte header + IP packet per frame, a GSO burst counted as the frames it becomes
       (the bytes a real Ethernet wire carries, less preamble, FCS and gap). `rx_bytes`/`rx_frames`: the
-      same from the switch port's shaper, the host's download.
+      same from the switch port's shaper, the host's download. `tx_drops`/`rx_drops`: frames the shapers
+      dropped because their queue was full (TCP then retransmits and backs off).
     * `veth_tx_bytes`, `veth_rx_bytes`, `veth_tx_packets`, `veth_rx_packets`: the host's veth counters.
       The kernel hands a veth GSO bursts of up to 64 KiB with one header each, so these count about one
       header per 64 KiB: the payload plus ~0.1%, where the frames above add ~4.6% (1514 per 1448 bytes of
@@ -287,7 +289,8 @@ def link_counters(net: Network, hosts: list[int] | None = None) -> list[dict[str
         [link] = json.loads(_run(["ip", "-n", h.netns, "-j", "-s", "link", "show", "dev", h.ifname]))
         up, down = _qdisc_sent(h.netns)[h.ifname], ports[net.port(i)]
         stats = link["stats64"]
-        out.append(dict(tx_bytes=up[0], rx_bytes=down[0], tx_frames=up[1], rx_frames=down[1],
+        out.append(dict(tx_bytes=up[0], rx_bytes=down[0], tx_frames=up[1], rx_frames=down[1], tx_drops=up[2],
+                        rx_drops=down[2],
                         **{f"veth_{d}_{k}": int(stats[d][k]) for d in ("tx", "rx") for k in ("bytes", "packets")}))
     return out
 
