@@ -139,7 +139,9 @@ with Lab(hosts=2, bandwidth="100Mbit") as lab:
 def owned_lab():
     """A separate Python process that owns a lab with two sleeping ranks; on the way out, whatever the
     test did, the owner gets SIGTERM (which tears its lab down)."""
-    owner = subprocess.Popen([sys.executable, "-c", OWNER, RANK], stdout=subprocess.PIPE, text=True)
+    # as at a terminal: a shell running the suite in the background would have it ignore SIGINT
+    owner = subprocess.Popen([sys.executable, "-c", OWNER, RANK], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         rid = owner.stdout.readline().strip()
         assert rid, "the owner did not build its lab"
