@@ -171,6 +171,6 @@ def test_bench_simulator_meets_its_target(capsys):
     assert d["rows"][0]["simulated_ranks"] == 8  # one node's ranks stand for all 16 nodes
     scale = {(r["what"], r["ranks"]): r for r in d["rows"] if "what" in r}
     assert set(scale) == {("auto", 64), ("binomial-tree", 64), ("auto", 256), ("binomial-tree", 256),
-                          ("step", 256), ("autotune", 256)}
+                          ("step", 256), ("step-hierarchical", 256), ("autotune", 256)}
     assert scale["auto", 256]["algorithm"] == "ring" and scale["auto", 256]["pruned"] == ["binomial-tree"]
     assert all(r["peak_bytes"] > 0 and r["wall_seconds"] > 0 for r in scale.values())
