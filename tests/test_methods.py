@@ -75,6 +75,27 @@ def test_declared_bits_per_element_match_the_declared_collectives(name, N):
     assert meth.codec_bytes_per_element(N) >= 0
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if not methods.get(n).dense])
+@pytest.mark.parametrize("N", [2, 3, 4, 8])
+def test_hierarchical_arithmetic_matches_the_exchanges_buffers(name, N):
+    """What the simulator costs for the hierarchical layout (agreed_bytes, hierarchical_collectives) is what
+    the torch exchange holds: the agreed code's buffer, read back by code_from as the code unpack reads."""
+    spec, n, G = methods.get(name), 10_000, 2
+    lv = spec.resolve_levels(N)
+    x = spec.exchange(n, "cpu", None, levels=lv, world_size=N)
+    result = x.result()
+    assert result.numel() * result.element_size() == spec.agreed_bytes(n, N, lv)
+    def parts(code):
+        return code if isinstance(code, tuple) else (code,)
+
+    for a, b in zip(parts(x.code_from(result)), parts(x.agreed())):
+        assert (a is None and b is None) or torch.equal(a, b)
+    S = wire.shard_elements(n, G)
+    ops = spec.hierarchical_collectives(n, N * G, G, lv)
+    assert [c.scope for c in ops] == ["node"] + ["cross"] * len(spec.collectives(S, N, lv)) + ["node"]
+    assert ops[-1].nbytes == G * spec.agreed_bytes(S, N, lv) and ops[0].nbytes == G * S * 4
+
+
 def test_the_arithmetic_imports_no_torch():
     code = ("import sys, lioncub.methods as m; [x.collectives(1000, 4) for x in m.REGISTRY.values()]; "
             "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)[:5]")
