@@ -10,7 +10,8 @@ from lioncub import LionCub
 from lioncub.distributed import spawn
 
 
-@pytest.mark.parametrize("world_size,G,overlap", [(4, 2, True), (6, 2, False), (8, 4, True), (6, 3, True)])
+@pytest.mark.parametrize("world_size,G,overlap", [(4, 2, True), (6, 2, False), (8, 4, True), (6, 3, True),
+                                                  (2, 2, True)])  # the last: one node, one voter
 def test_every_method_matches_oracle(world_size, G, overlap):
     reports = spawn(hier_cases.check_hierarchical, world_size, G, 4, 3, overlap, timeout=300)
     for rank, report in enumerate(reports):
