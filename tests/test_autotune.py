@@ -258,3 +258,16 @@ def test_model_and_cluster_specs():
     for fn, match in bad:
         with pytest.raises(ValueError, match=match):
             fn()
+
+
+def test_hierarchical_risk_counts_nodes_as_voters_with_g_times_the_batch():
+    """A node votes as one voter with G times the per-rank batch: the hierarchical candidate's risk is the
+    flat rule's at N/G ranks and G x the batch."""
+    cluster = Cluster.for_ranks(16, 4, bandwidth="10Gbit", latency="20us")
+    res = autotune.search(cluster, 100_000_000, 0.05, methods=["vote-1bit"], momentum_syncs=["none"],
+                          bucket_mbs=[25], steps=1000, batch_size=8, lr=7e-4)
+    hier = next(c for c in res.candidates if c.layout == "hierarchical")
+    flat = next(c for c in res.candidates if c.layout == "flat")
+    assert hier.risk == autotune.risk("vote-1bit", 4, None, "none", 1000, batch_size=32, lr=7e-4)
+    assert flat.risk == autotune.risk("vote-1bit", 16, None, "none", 1000, batch_size=8, lr=7e-4)
+    assert hier.risk != flat.risk

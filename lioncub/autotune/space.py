@@ -242,6 +242,17 @@ def _l1_levels(voters: int, levels: int | None) -> list[int]:
     return l1_levels_candidates(voters)
 
 
+def _risk(method, levels, sync, layout, space, steps, beta2, share, regime) -> dict:
+    """The convergence risk of a configuration. In the hierarchical layout a node votes as one voter with G
+    times the per-rank batch: N/G voters of batch G x b (what the map's regimes are in)."""
+    N, G, regime = space["ranks"], space["node_size"], dict(regime or {})
+    if layout == "hierarchical":
+        N //= G
+        if regime.get("batch_size"):
+            regime["batch_size"] *= G
+    return risk(method, N, levels, sync, steps, beta2, _share=share, **regime)
+
+
 def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress,
                     regime=None) -> list[Candidate]:
     """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
@@ -290,7 +301,7 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                     momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
                     bytes_per_step=r.bytes_sent_per_rank + extra_b,
                     speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=risk(m, N, lv, s, steps, beta2, _share=share, **(regime or {}))))
+                    collectives=r.collectives, risk=_risk(m, lv, s, lay, space, steps, beta2, share, regime)))
             if bar is not None:
                 bar.update(1)
     finally:
