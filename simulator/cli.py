@@ -38,6 +38,8 @@ def register(subparsers) -> None:
     c.add_argument("--ranks", type=int, required=True, help="number of ranks (GPUs)")
     c.add_argument("--levels", type=int, default=None, help="l1-pbit levels (default: lioncub's)")
     c.add_argument("--timeline", action="store_true", help="include every rank's timeline in --json")
+    c.add_argument("--hierarchical", action="store_true",
+                   help="a composite in LionCub's hierarchical layout (nodes of --gpus-per-node ranks)")
     _common(c)
     c.set_defaults(func=_collective)
 
@@ -141,7 +143,7 @@ def _collective(args) -> int:
     profile = _profile(args)
     t0 = time.perf_counter()
     r = simulate_collective(cluster, args.op, args.algorithm, args.size, profile, timeline=args.timeline,
-                            levels=args.levels, exact=args.exact)
+                            levels=args.levels, exact=args.exact, hierarchical=args.hierarchical)
     wall = time.perf_counter() - t0
     if args.json:
         _dump({**r.to_dict(), "cluster": cluster.to_dict(), "profile": profile.to_dict(), "exact": args.exact,

@@ -174,3 +174,18 @@ def test_bench_simulator_meets_its_target(capsys):
                           ("step", 256), ("step-hierarchical", 256), ("autotune", 256)}
     assert scale["auto", 256]["algorithm"] == "ring" and scale["auto", 256]["pruned"] == ["binomial-tree"]
     assert all(r["peak_bytes"] > 0 and r["wall_seconds"] > 0 for r in scale.values())
+
+
+def test_collective_hierarchical(capsys):
+    argv = ["simulate", "collective", "--op", "vote-1bit", "--size", "64MiB", "--ranks", "16", "--gpus-per-node", "4",
+            "--bandwidth", "10Gbit", "--json"]
+    rc, out, _ = run_cli(argv + ["--hierarchical"], capsys)
+    hier = json.loads(out)
+    rc2, out, _ = run_cli(argv, capsys)
+    flat = json.loads(out)
+    assert rc == rc2 == 0
+    assert [p["op"] for p in hier["parts"]] == ["reducescatter", "alltoall", "allgather", "allgather"]
+    assert hier["seconds"] < flat["seconds"]
+    rc, _, err = run_cli(["simulate", "collective", "--op", "allreduce", "--size", "1MiB", "--ranks", "8",
+                          "--hierarchical"], capsys)
+    assert rc == 2 and "composite" in err
