@@ -2,6 +2,9 @@
 
     torchrun --nproc_per_node 4 examples/torchrun_minimal.py --method l1-pbit --steps 50
 
+On several nodes, --hierarchical averages inside each node and votes across nodes (nodes of torchrun's
+--nproc_per_node ranks, from LOCAL_WORLD_SIZE).
+
 No DDP wrapper: LionCub does all communication itself, during backward. Each rank must see different data.
 """
 
@@ -18,6 +21,7 @@ def main():
     ap.add_argument("--method", default="l1-pbit")
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--momentum-sync", default="every:20")
+    ap.add_argument("--hierarchical", action="store_true", help="average inside a node, vote across nodes")
     args = ap.parse_args()
 
     rank, world = lioncub.init_distributed(timeout=120)  # NCCL on GPUs, Gloo on CPUs
@@ -27,7 +31,7 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10)).to(device)
     lioncub.broadcast_parameters(model)  # every rank starts from rank 0's weights
     opt = lioncub.LionCub(model.parameters(), lr=3e-4, weight_decay=0.1, method=args.method,
-                          momentum_sync=args.momentum_sync)
+                          momentum_sync=args.momentum_sync, hierarchical=args.hierarchical)
 
     gen = torch.Generator().manual_seed(1000 + rank)  # different data on every rank
     teacher = torch.Generator().manual_seed(7)
@@ -51,7 +55,8 @@ def main():
         torch.distributed.broadcast(ref, 0)
         assert torch.equal(ref, flat), "replicas diverged"
     if rank == 0:
-        print(f"done: {world} rank(s), method {args.method}, final loss {loss.item():.4f}")
+        layout = f", nodes of {opt.node_size}" if args.hierarchical else ""
+        print(f"done: {world} rank(s){layout}, method {args.method}, final loss {loss.item():.4f}")
     lioncub.finish()  # barrier + destroy_process_group, safe against Gloo's exit-time race
 
 
