@@ -31,16 +31,19 @@ def resolve_node_size(node_size: int | None) -> int:
         env = os.environ.get("LOCAL_WORLD_SIZE")
         if env is None:
             raise ValueError("hierarchical=True needs node_size= (ranks per node) or torchrun's LOCAL_WORLD_SIZE")
-        node_size = int(env)
+        try:
+            node_size = int(env)
+        except ValueError:
+            raise ValueError(f"LOCAL_WORLD_SIZE={env!r} is not a number of ranks per node") from None
     if isinstance(node_size, bool) or not isinstance(node_size, int) or node_size < 1:
         raise ValueError(f"node_size must be a positive integer, got {node_size!r}")
     return node_size
 
 
-def agree_node_size(group, G: int) -> None:
+def agree_node_size(group, G: int, device="cpu") -> None:
     """Every rank must have the same G (nodes of different sizes would pair collectives wrongly and hang):
-    one tiny all-reduce, before any group is built."""
-    t = torch.tensor([G, -G], dtype=torch.int64)
+    one tiny all-reduce (on `device`: the parameters', as NCCL needs), before any group is built."""
+    t = torch.tensor([G, -G], dtype=torch.int64, device=device)
     transport.call("all_reduce (node size)", dist.all_reduce, t, op=dist.ReduceOp.MAX, group=group)
     if t.tolist() != [G, -G]:
         raise ValueError(f"hierarchical: the ranks disagree on the node size (this rank: {G}, others up to "

@@ -223,7 +223,8 @@ class LionCub(torch.optim.Optimizer):
             if not (dist.is_available() and dist.is_initialized()):
                 raise ValueError("hierarchical=True needs torch.distributed initialised before LionCub is built")
             return 1, None
-        hierarchy.agree_node_size(self.process_group, G)
+        device = next((p.device for g in self.param_groups for p in g["params"]), torch.device("cpu"))
+        hierarchy.agree_node_size(self.process_group, G, device)
         return (G, hierarchy.Nodes(self.process_group, G)) if G > 1 else (1, None)
 
     @torch.no_grad()
