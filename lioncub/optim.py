@@ -472,7 +472,7 @@ class LionCub(torch.optim.Optimizer):
             if self._step:
                 raise ValueError(f"the optimizer has taken {self._step} steps on {self.world_size} rank(s) and "
                                  f"cannot move to a process group of {world}")
-            self.levels = self.spec.resolve_levels(world, self._levels_arg)
+            self.levels = self.spec.resolve_levels(world // self.node_size, self._levels_arg)
             self.world_size = world
             if self._overlap is None and self._overlap_wanted and world > 1 and self._buckets:
                 self._overlap = Overlap(self)
