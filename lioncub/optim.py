@@ -41,6 +41,9 @@ class CommStats:
     momentum_syncs: int = 0
     last_bytes_sent: int = 0
     last_bytes_recv: int = 0
+    # of last_bytes_sent, what went to the rank's own node (the hierarchical layout's node collectives:
+    # NVLink/PCIe, not the NIC); 0 in the flat layout
+    last_node_bytes_sent: int = 0
     last_collectives: int = 0
     last_quantize_s: float = 0.0
     last_comm_s: float = 0.0
@@ -53,6 +56,7 @@ class CommStats:
     last_agreement: float | None = None
     total_bytes_sent: int = 0
     total_bytes_recv: int = 0
+    total_node_bytes_sent: int = 0
     total_collectives: int = 0
     total_quantize_s: float = 0.0
     total_comm_s: float = 0.0
@@ -60,11 +64,13 @@ class CommStats:
     total_sync_s: float = 0.0
     total_exposed_comm_s: float = 0.0
 
-    def record(self, sent, recv, collectives, quantize, comm, apply, sync, exposed=None):
+    def record(self, sent, recv, collectives, quantize, comm, apply, sync, exposed=None, node_sent=0):
         """`exposed`: the communication time the training loop waited for (default: all of comm and sync;
         with overlap, what backward and step() waited beyond the compute)."""
         exposed = comm + sync if exposed is None else exposed
         self.last_bytes_sent, self.last_bytes_recv, self.last_collectives = sent, recv, collectives
+        self.last_node_bytes_sent = node_sent
+        self.total_node_bytes_sent += node_sent
         self.last_quantize_s, self.last_comm_s, self.last_apply_s, self.last_sync_s = quantize, comm, apply, sync
         self.last_exposed_comm_s = exposed
         self.total_exposed_comm_s += exposed
@@ -530,7 +536,7 @@ class LionCub(torch.optim.Optimizer):
     def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed: float | None = None) -> None:
         self.stats.skipped_steps += 1
         sent, recv = self._traffic(collectives)
-        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0, exposed)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm_s, 0.0, 0.0, exposed, self._node_bytes(collectives))
         if self.rank == 0:
             log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
                         self._step, why, self.stats.skipped_steps)
@@ -567,7 +573,7 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
         sent, recv = self._traffic(collectives)
-        self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed)
+        self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed, self._node_bytes(collectives))
 
     def _lion_step_sharded(self) -> list:
         """A dense warm-up step in the hierarchical layout, on gradients averaged over every rank: each rank
@@ -689,10 +695,13 @@ class LionCub(torch.optim.Optimizer):
             t_sync = clock() - ts
         sent, recv = self._traffic(collectives)
         self.stats.record(sent, recv, len(collectives), t_quant, t_comm, t_apply, t_sync,
-                          None if exposed is None else exposed + t_sync)
+                          None if exposed is None else exposed + t_sync, self._node_bytes(collectives))
 
     def _traffic(self, collectives) -> tuple[int, int]:
         return wire.traffic(list(collectives), self.world_size, self.node_size)
+
+    def _node_bytes(self, collectives) -> int:
+        return self._traffic([c for c in collectives if c.scope == "node"])[0]
 
     def _agreement(self, codes) -> float | None:
         """lioncub.agreement over the agreed codes (in the hierarchical layout, of every shard: the vote of

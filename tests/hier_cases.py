@@ -129,6 +129,7 @@ def hierarchical_vs_flat_bytes(rank, world_size, G):
         p.grad.copy_(torch.randn(1 << 16, generator=torch.Generator().manual_seed(rank)))
         opt.step()
         out[hier] = opt.stats.last_bytes_sent
+        out["node", hier] = opt.stats.last_node_bytes_sent
     return out
 
 

@@ -37,7 +37,9 @@ def test_bytes_per_rank_fall_with_the_node_size():
     # plus the node's reduce-scatter (fp32) and all-gather of the codes (1/2 of each)
     assert flat == pytest.approx(0.75 * n / 8 * 3 + 16 * 0.5, rel=0.01)
     shard = n // G
-    assert hier == pytest.approx(0.5 * shard / 8 * 3 + 0.5 * n * 4 + 0.5 * G * shard / 8 * 2 + 16 * 0.5, rel=0.01)
+    node = 0.5 * n * 4 + 0.5 * G * shard / 8 * 2  # the reduce-scatter and the codes' all-gather
+    assert hier == pytest.approx(0.5 * shard / 8 * 3 + node + 16 * 0.5, rel=0.01)
+    assert out[0]["node", True] == pytest.approx(node, rel=0.01) and out[0]["node", False] == 0
 
 
 def test_nonfinite_on_one_rank_skips_everywhere():

@@ -223,7 +223,7 @@ def _step_figures(opt, backward_s: float, world: int) -> dict:
                     bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
     return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
                 comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent,
-                agreement=s.last_agreement)
+                node_bytes_sent=s.last_node_bytes_sent, agreement=s.last_agreement)
 
 
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
@@ -243,6 +243,8 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         # the mean includes the periodic momentum syncs the median skips: use it for throughput
         mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
+        # of which to the rank's own node (the hierarchical layout's node collectives)
+        node_bytes_per_step=statistics.fmean(r.get("node_bytes_sent", 0) for r in timed) if timed else 0,
         skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
         momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
         # the ranks' agreement (lioncub.agreement) over the run and over its last tenth; None if unmeasured
