@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from lioncub import agreement, hierarchy, kernels, methods, schedules, wire
 from lioncub.overlap import Overlap
-from lioncub.transport import agree_control, allreduce_mean_, group_rank_size
+from lioncub.transport import agree_control, allreduce_mean_, group_rank_size, record_call_times
 
 log = logging.getLogger("lioncub")
 BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
@@ -159,7 +159,8 @@ class LionCub(torch.optim.Optimizer):
             stats.skipped_steps).
         overlap: run each bucket's exchange during backward, as soon as its gradients are final (default);
             False communicates inside step(). The results are bit-identical either way.
-        timing: synchronise CUDA around each phase so stats times are exact (costs a little speed).
+        timing: synchronise CUDA around each phase so stats times are exact (costs a little speed), and time
+            every collective by name (lioncub.transport.call_times()).
         dense_warmup: run the first K steps with the `allreduce` method (averaged gradients, one momentum
             on every rank), then `method`; the step count is in state_dict, so a resume switches on time.
 
@@ -198,6 +199,8 @@ class LionCub(torch.optim.Optimizer):
                                                 for p in g["params"] if p.requires_grad))
         self.bucket_mb, self.bucket_bytes = bucket_mb, int(bucket_mb * 2**20)
         self.grad_wire_dtype, self.skip_nonfinite, self.timing = grad_wire_dtype, skip_nonfinite, timing
+        if timing:
+            record_call_times(True)
         self.stats = CommStats()
         self._step = 0
         self._momenta_identical = True

@@ -7,6 +7,8 @@ error, a process-group timeout) into a CommError that says so.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 
 import torch
@@ -31,7 +33,26 @@ def group_rank_size(group=None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+_TIMES: dict[str, list] | None = None  # name -> [calls, seconds], while record_call_times is on
+_TIMES_LOCK = threading.Lock()
+
+
+def record_call_times(on: bool = True) -> None:
+    """Time every collective of this process by name (`call_times()`); LionCub(timing=True) turns it on."""
+    global _TIMES
+    with _TIMES_LOCK:
+        _TIMES = ({} if _TIMES is None else _TIMES) if on else None
+
+
+def call_times() -> dict[str, tuple[int, float]]:
+    """{collective name: (calls, seconds)} since recording began (a wall-clock time per call, waiting for
+    the slowest peer included; on CUDA the time to enqueue unless the caller synchronises)."""
+    with _TIMES_LOCK:
+        return {k: (int(n), float(t)) for k, (n, t) in (_TIMES or {}).items()}
+
+
 def call(name: str, fn, *args, **kwargs):
+    t0 = time.perf_counter() if _TIMES is not None else None
     try:
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistBackendError) as exc:
@@ -40,6 +61,14 @@ def call(name: str, fn, *args, **kwargs):
             f"lioncub: {name} failed on rank {rank}: a peer rank died or stalled past the process-group "
             f"timeout, or the network failed. Original error: {exc}"
         ) from exc
+    finally:
+        if t0 is not None:
+            dt = time.perf_counter() - t0
+            with _TIMES_LOCK:
+                if _TIMES is not None:
+                    entry = _TIMES.setdefault(name, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += dt
 
 
 def allreduce_mean_(tensor: torch.Tensor, group=None, wire_dtype: torch.dtype = torch.float32) -> None:

@@ -236,3 +236,16 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
                 moms = torch.cat([m.float() for m in moms])
         runs[hier] = dict(trace=trace, momenta=moms, stats=opt.stats.as_dict())
     return runs
+
+
+def timed_collectives(rank, world_size, G, steps=3):
+    """LionCub(timing=True): every collective of a step, counted and timed by name."""
+    from lioncub import transport
+
+    params, groups = dist_cases.make_params()
+    opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB,
+                  hierarchical=True, node_size=G, overlap=False, timing=True)
+    for step in range(1, steps + 1):
+        dist_cases.assign(params, exact_grads(params, rank, step), step)
+        opt.step()
+    return dict(times=transport.call_times(), buckets=len(opt._buckets), collectives=opt.stats.total_collectives)

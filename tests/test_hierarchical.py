@@ -104,3 +104,14 @@ def test_dense_warmup_is_plain_lion_on_the_mean_gradient():
         assert torch.equal(flat["momenta"], hier["momenta"])  # the shard of the one global momentum
         assert not torch.equal(flat["trace"][K], hier["trace"][K])  # then each layout votes its own way
         assert hier["stats"]["skipped_steps"] == 0
+
+
+def test_timing_counts_every_collective_by_name():
+    for r in spawn(hier_cases.timed_collectives, 4, 2, 3):
+        times, k = r["times"], r["buckets"]
+        assert {name: n for name, (n, _) in times.items()} == {
+            "reduce_scatter (hierarchical gradients)": 3 * k, "all_to_all_single (1-bit votes)": 3 * k,
+            "all_gather_into_tensor (1-bit result)": 3 * k, "all_gather_into_tensor (hierarchical codes)": 3 * k,
+            "all_reduce (control)": 3}
+        assert sum(n for n, _ in times.values()) == r["collectives"]  # what opt.stats counted
+        assert all(t > 0 for _, t in times.values())

@@ -42,6 +42,9 @@ def register(sub) -> None:
                    help="ranks per node for --hierarchical (default: torchrun's LOCAL_WORLD_SIZE; on the lab, "
                         "--ranks-per-host)")
     p.add_argument("--seed", type=int)
+    p.add_argument("--timing", action="store_true", default=None,
+                   help="time every collective by name (rank 0's ms per step in the summary; exact phase times "
+                        "on CUDA)")
     p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
     p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
@@ -66,7 +69,7 @@ def config_from_args(args):
         base = base.get("train", base)  # autotune files nest the training options
     for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
                 "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed", "device",
-                "checkpoint_dir", "checkpoint_every", "resume"):
+                "timing", "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value
@@ -134,6 +137,8 @@ def format_summary(s: dict) -> str:
                      f"Ethernet frames; mean of {len(s['link_hosts'])} hosts, {s['link_window_steps']} steps)")
     if s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
+    for name, ms in (s.get("collective_ms_per_step") or {}).items():
+        lines.append(f"  {ms:8.1f} ms/step in {name}")
     if s.get("skipped_steps"):
         lines.append(f"  {s['skipped_steps']} step(s) skipped for non-finite gradients")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lioncub import methods, schedules, wire
+from lioncub import methods, schedules, transport, wire
 from lioncub.distributed import broadcast_parameters
 from lioncub.lion import Lion
 from lioncub.optim import LionCub
@@ -56,6 +56,7 @@ class TrainConfig:
     resume: bool = False
     threads: int = 0  # torch threads per rank (0: leave as is)
     device: str = "cpu"  # where the model, data and optimizer live ("cuda", "cuda:1", ...)
+    timing: bool = False  # LionCub(timing=True): exact phase times on CUDA, and every collective timed by name
 
     def __post_init__(self):
         if self.model not in MODELS:
@@ -210,7 +211,8 @@ def make_optimizer(cfg: TrainConfig, model):
     return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                    method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
                    bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
-                   dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size)
+                   dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
+                   timing=cfg.timing)
 
 
 def _step_figures(opt, backward_s: float, world: int) -> dict:
@@ -250,6 +252,10 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         # the ranks' agreement (lioncub.agreement) over the run and over its last tenth; None if unmeasured
         agreement=statistics.fmean(agreed) if agreed else None,
         final_agreement=statistics.fmean(agreed[-max(1, len(agreed) // 10):]) if agreed else None,
+        # with cfg.timing: this rank's time in each collective (by lioncub.transport's names) per step, the
+        # whole run (setup and first steps included) over its steps
+        collective_ms_per_step={k: 1e3 * t / cfg.steps for k, (_, t) in transport.call_times().items()}
+        if cfg.timing else None,
         records=records,
     )
 
