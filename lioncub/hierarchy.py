@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from lioncub import transport, wire
+from lioncub import kernels, transport, wire
 
 
 def resolve_node_size(node_size: int | None) -> int:
@@ -106,8 +106,7 @@ class ShardExchange:
         self.layout = self.inner.layout
         self.code = self.inner.code
         result = self.inner.result()
-        self._result_dtype, self._result_bytes = result.dtype, result.numel() * result.element_size()
-        self._gathered = torch.empty(G * self._result_bytes, dtype=torch.uint8, device=device)
+        self._gathered = torch.empty(G * result.numel() * result.element_size(), dtype=torch.uint8, device=device)
         self.collectives = spec.hierarchical_collectives(b.n, nodes.size * nodes.count, G, levels,
                                                          str(wire_dtype).removeprefix("torch."))
 
@@ -123,27 +122,51 @@ class ShardExchange:
     def __call__(self) -> list:
         """Steps 2 and 3 (after quantize filled `code`): the agreed code of every shard of the bucket."""
         self.inner()
-        mine = self.inner.result()
-        transport.call("all_gather_into_tensor (hierarchical codes)", transport.all_gather, self._gathered,
-                       mine.view(torch.uint8), group=self.nodes.intra)
-        n = self._result_bytes
-        return [self.inner.code_from(self._gathered[s * n : (s + 1) * n].view(self._result_dtype))
-                for s in range(self.nodes.size)]
+        return [self.inner.code_from(r) for r in gather_in_node(
+            self.nodes, "all_gather_into_tensor (hierarchical codes)", self.inner.result(), self._gathered)]
+
+    def apply(self, codec, b, codes: list, h: dict, levels: int, deferred: bool) -> None:
+        """Every shard's update on the padded parameters; with `deferred`, the momentum update of this rank's
+        shard that quantize left out (from the node's mean gradient)."""
+        S, mine = self.shard, self.nodes.local
+        for s, code in enumerate(codes):
+            kernels.unpack_apply(codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"],
+                                 world_size=self.nodes.count, levels=levels, layout=self.layout,
+                                 momentum=(self.grad, b.m, h["beta2"]) if deferred and s == mine else None)
+
+    def pieces(self, b, codes: list) -> list[tuple]:
+        """(code, elements) of every shard, the padding left out (what lioncub.agreement reads)."""
+        S = self.shard
+        return [(code, max(0, min(S, b.n - s * S))) for s, code in enumerate(codes)]
 
 
 class SignGather:
-    """A dense warm-up step's node all-gather: each rank's sign(c) of its shard, in the p-bit `layout` of one
-    voter (`code`), gathered so every rank holds every shard's."""
+    """A dense warm-up step's node all-gather: each rank forms sign(c) of its shard (vote-pbit's 2-bit fields
+    of one voter, `code`) and the node gathers them, so every rank applies every shard's."""
 
-    def __init__(self, b, nodes: Nodes, layout):
-        self.nodes = nodes
-        self.code = torch.zeros(layout.words(b.shard), dtype=getattr(torch, layout.dtype), device=b.g.device)
-        self._bytes = self.code.numel() * self.code.element_size()
-        self._gathered = torch.empty(nodes.size * self._bytes, dtype=torch.uint8, device=b.g.device)
-        self.collective = wire.Collective("allgather", nodes.size * self._bytes, "uint8", "node")
+    def __init__(self, spec, b, nodes: Nodes):
+        self.spec, self.layout, self.nodes = spec, spec.layout(1), nodes
+        self.code = torch.zeros(self.layout.words(b.shard), dtype=getattr(torch, self.layout.dtype),
+                                device=b.g.device)
+        nbytes = self.code.numel() * self.code.element_size()
+        self._gathered = torch.empty(nodes.size * nbytes, dtype=torch.uint8, device=b.g.device)
+        self.collective = wire.Collective("allgather", nodes.size * nbytes, "uint8", "node")
 
-    def __call__(self) -> list:
-        transport.call("all_gather_into_tensor (hierarchical signs)", transport.all_gather, self._gathered,
-                       self.code.view(torch.uint8), group=self.nodes.intra)
-        n = self._bytes
-        return [self._gathered[s * n : (s + 1) * n].view(self.code.dtype) for s in range(self.nodes.size)]
+    def lion_step(self, b, h: dict) -> None:
+        """Lion on the (averaged) gradient of bucket b: this rank's shard updates its momentum, every shard
+        its parameters."""
+        S, mine, codec = b.shard, self.nodes.local, self.spec.codec
+        kernels.quantize_pack(codec, b.g_full[mine * S : (mine + 1) * S], b.m, self.code, beta1=h["beta1"],
+                              beta2=h["beta2"], layout=self.layout)
+        for s, code in enumerate(gather_in_node(self.nodes, "all_gather_into_tensor (hierarchical signs)",
+                                                self.code, self._gathered)):
+            kernels.unpack_apply(codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"], world_size=1,
+                                 layout=self.layout)
+
+
+def gather_in_node(nodes: Nodes, name: str, mine: torch.Tensor, out: torch.Tensor) -> list:
+    """All-gather the flat tensor `mine` inside the node into the uint8 buffer `out`: the G ranks' copies, as
+    views of mine's dtype."""
+    transport.call(name, transport.all_gather, out, mine.view(torch.uint8), group=nodes.intra)
+    n = mine.numel() * mine.element_size()
+    return [out[s * n : (s + 1) * n].view(mine.dtype) for s in range(nodes.size)]

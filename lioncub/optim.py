@@ -580,23 +580,13 @@ class LionCub(torch.optim.Optimizer):
 
     def _lion_step_sharded(self) -> list:
         """A dense warm-up step in the hierarchical layout, on gradients averaged over every rank: each rank
-        forms sign(c) of its shard with its momentum shard (updating it), the node all-gathers the signs
-        (2-bit fields: vote-pbit's code of one voter) and every rank applies all of them: bit-identical to
-        Lion on the mean gradient."""
-        spec, collectives = methods.get("vote-pbit"), []
-        layout, mine = spec.layout(1), self._nodes.local
+        forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
+        (hierarchy.SignGather): bit-identical to Lion on the mean gradient."""
         for b in self._buckets:
-            h, S = self._hyper(b), b.shard
-            x = getattr(b, "sign_gather", None)
-            if x is None:
-                x = b.sign_gather = hierarchy.SignGather(b, self._nodes, layout)
-            kernels.quantize_pack(spec.codec, b.g_full[mine * S : (mine + 1) * S], b.m, x.code, beta1=h["beta1"],
-                                  beta2=h["beta2"], layout=layout)
-            for s, code in enumerate(x()):
-                kernels.unpack_apply(spec.codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"],
-                                     world_size=1, layout=layout)
-            collectives.append(x.collective)
-        return collectives
+            if getattr(b, "sign_gather", None) is None:
+                b.sign_gather = hierarchy.SignGather(methods.get("vote-pbit"), b, self._nodes)
+            b.sign_gather.lion_step(b, self._hyper(b))
+        return [b.sign_gather.collective for b in self._buckets]
 
     def _step_compressed(self, clock) -> None:
         """Communicate inside step(): agree on the non-finite flag first, then per bucket quantize (with
@@ -660,16 +650,10 @@ class LionCub(torch.optim.Optimizer):
         """p <- p(1 - lr wd) - lr U from the agreed code (every shard's, in the hierarchical layout); with
         `deferred`, the momentum update that quantize left out (of this rank's shard)."""
         x = b.exchange
-        if self._nodes is None:
-            kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
-                                 levels=self.levels, layout=x.layout,
-                                 momentum=(b.g, b.m, h["beta2"]) if deferred else None)
-            return
-        S, mine = b.shard, self._nodes.local
-        for s, piece in enumerate(code):
-            kernels.unpack_apply(self.spec.codec, b.p_full[s * S : (s + 1) * S], piece, lr=h["lr"], wd=h["wd"],
-                                 world_size=self._nodes.count, levels=self.levels, layout=x.layout,
-                                 momentum=(x.grad, b.m, h["beta2"]) if deferred and s == mine else None)
+        if self._nodes is not None:
+            return x.apply(self.spec.codec, b, code, h, self.levels, deferred)
+        kernels.unpack_apply(self.spec.codec, b.p, code, lr=h["lr"], wd=h["wd"], world_size=self.world_size,
+                             levels=self.levels, layout=x.layout, momentum=(b.g, b.m, h["beta2"]) if deferred else None)
 
     def _step_overlapped(self, clock, done: dict) -> None:
         """Apply what backward agreed on, with the deferred momentum update."""
@@ -712,13 +696,10 @@ class LionCub(torch.optim.Optimizer):
         if self._nodes is None:
             return agreement.agreement(self.spec.codec, codes, [b.n for b in self._buckets], self.world_size,
                                        self.levels, [b.exchange.layout for b in self._buckets])
-        pieces, sizes, layouts = [], [], []
-        for b, shards in zip(self._buckets, codes):
-            for s, piece in enumerate(shards):
-                pieces.append(piece)
-                sizes.append(max(0, min(b.shard, b.n - s * b.shard)))
-                layouts.append(b.exchange.layout)
-        return agreement.agreement(self.spec.codec, pieces, sizes, self._nodes.count, self.levels, layouts)
+        pieces, sizes, layouts = zip(*[(piece, n, b.exchange.layout) for b, shards in zip(self._buckets, codes)
+                                       for piece, n in b.exchange.pieces(b, shards)])
+        return agreement.agreement(self.spec.codec, list(pieces), list(sizes), self._nodes.count, self.levels,
+                                   list(layouts))
 
     # --- overlap: the communication thread's side (lioncub.overlap) -------------------------------------
 

@@ -27,6 +27,11 @@ def test_every_method_matches_oracle(world_size, G, overlap):
             assert r["momentum_elements"] * G <= r["param_elements"] + 64 * G * 8
     nodes = world_size // G
     assert reports[0]["l1-pbit"]["levels"] == 127 // nodes  # fields sized for N/G voters
+    for method in reports[0]:  # the agreement of the nodes' vote: one number on every rank
+        values = {report[method]["agreement"] for report in reports}
+        assert len(values) == 1, (method, values)
+        if method in ("vote-pbit", "avg-pbit", "l1-pbit") and nodes > 1:
+            assert 0.0 <= values.pop() <= 1.0
 
 
 def test_bytes_per_rank_fall_with_the_node_size():
