@@ -92,7 +92,8 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
     p.add_argument("--worlds", help="--grid: world sizes (default 2,4)")
     p.add_argument("--batches", help="--grid: per-rank batches (default 8,16)")
-    p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of the default (default 1,2)")
+    p.add_argument("--lr", type=float, help="--grid: the lr the factors multiply (default: lioncub train's default lr)")
+    p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of --lr (default 1,2)")
     p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
 
 

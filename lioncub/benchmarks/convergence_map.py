@@ -215,7 +215,8 @@ def run_convergence(args) -> int:
         if getattr(args, name, None):
             grid[name] = tuple(cast(x) for x in getattr(args, name).split(","))
     seeds = tuple(int(x) for x in args.seeds.split(",")) if getattr(args, "seeds", None) else SEEDS
-    res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds, **grid)
+    res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds,
+                   lr=getattr(args, "lr", None), **grid)
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

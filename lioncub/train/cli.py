@@ -27,6 +27,7 @@ def register(sub) -> None:
                         "agreement is low, within B x the method's bytes; default none)")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", dest="weight_decay", type=float)
+    p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up before the cosine decay")
     p.add_argument("--steps", type=int)
     p.add_argument("--batch-size", dest="batch_size", type=int, help="per rank")
     p.add_argument("--block-size", dest="block_size", type=int)
@@ -67,7 +68,7 @@ def config_from_args(args):
         if not isinstance(base, dict):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
-    for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "steps", "batch_size",
+    for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "warmup", "steps", "batch_size",
                 "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed", "device",
                 "timing", "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)

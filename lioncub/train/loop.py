@@ -35,7 +35,7 @@ class TrainConfig:
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
-    lr: float = 7e-4  # the best of a measured sweep (docs/BENCHMARKS.md, "Default learning rate")
+    lr: float = 5e-4  # the best of a measured sweep (docs/BENCHMARKS.md, "Default learning rate")
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -63,8 +63,8 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.steps < 1 or self.batch_size < 1 or self.block_size < 2:
-            raise ValueError("steps and batch_size must be >= 1 and block_size >= 2")
+        if self.steps < 1 or self.batch_size < 1 or self.block_size < 2 or self.warmup < 0:
+            raise ValueError("steps and batch_size must be >= 1, block_size >= 2 and warmup >= 0")
         schedules.parse(self.momentum_sync)  # validate early
         if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
             raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
