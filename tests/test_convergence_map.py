@@ -39,3 +39,14 @@ def test_merge_ratios_and_plot(tmp_path):
     cm.plot(res, str(tmp_path / "map.png"))
     assert (tmp_path / "map.png").stat().st_size > 1000
     assert "vote-1bit" in cm.format_map(res)
+
+
+def test_grid_cli_passes_its_base_lr_to_the_grid(monkeypatch):
+    from lioncub.cli import main
+
+    seen = {}
+    monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
+    assert main(["bench", "convergence", "--grid", "--lr", "3e-4", "--lr-factors", "1,2"]) == 0
+    assert seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
+    assert [r["lr"] for r in cm.runs(configs=("allreduce",), seeds=(0,), worlds=(2,), batches=(8,), **seen)] == [
+        3e-4, 6e-4]

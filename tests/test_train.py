@@ -71,6 +71,11 @@ def test_convergence_bench_checks_its_plot_path_first(capsys):
     assert err == "lioncub: error: --plot /nonexistent/dir/c.png: no such directory /nonexistent/dir\n"
 
 
+def test_convergence_bench_refuses_grid_options_without_grid(capsys):
+    assert main(["bench", "convergence", "--model", "mlp", "--lr", "1e-3", "--seeds", "0,1"]) == 2
+    assert capsys.readouterr().err == "lioncub: error: --lr, --seeds: only with --grid (the convergence map)\n"
+
+
 def test_convergence_bench_writes_a_plot(tmp_path, capsys):
     png = tmp_path / "curves.png"
     out = _json_out(capsys, ["bench", "convergence", "--model", "mlp", "--ranks", "2", "--steps", "4",
@@ -99,21 +104,3 @@ def test_demo_runs_end_to_end(capsys):
     assert "4. train 3 steps each on the emulated Ethernet lab" in out
     assert "predicted" in out and "allreduce" in out
 
-
-def test_warmup_flag_sets_the_linear_ramp_and_bad_values_are_refused(capsys):
-    import argparse
-    import math
-
-    from lioncub.train.cli import config_from_args, register
-    from lioncub.train.loop import _lr
-
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    cfg = config_from_args(parser.parse_args(["train", "--warmup", "4", "--lr", "1e-3", "--steps", "24"]))
-    assert cfg.warmup == 4
-    assert [_lr(cfg, s) for s in (1, 2, 4)] == pytest.approx([2.5e-4, 5e-4, 1e-3])
-    # then cosine from lr to 0.1 x lr over the remaining 20 steps
-    assert _lr(cfg, 14) == pytest.approx(1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 2))))
-    assert _lr(cfg, 24) == pytest.approx(1e-4)
-    assert main(["train", "--warmup", "-1", "--steps", "1"]) == 2
-    assert "warmup >= 0" in capsys.readouterr().err

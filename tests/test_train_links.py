@@ -1,10 +1,12 @@
 """Link bytes in `lioncub train --lab` and `lioncub bench train`, the hierarchical rows' plumbing (`+hier`,
-`--ranks-per-host`, `lioncub train --hierarchical/--node-size`) and their prediction hook."""
+`--ranks-per-host`, `lioncub train --hierarchical/--node-size`) and their prediction hook; train flags reaching
+the config."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 
 import pytest
 
@@ -13,7 +15,7 @@ from lioncub.cli import main
 from lioncub.lab import missing_privileges
 from lioncub.train.cli import config_from_args, register
 from lioncub.train.lab import link_per_step, predicted, prediction
-from lioncub.train.loop import TrainConfig
+from lioncub.train.loop import TrainConfig, _lr
 
 WHY = missing_privileges()
 
@@ -61,6 +63,17 @@ def test_train_flags_and_config_keys_reach_the_config(tmp_path):
     with pytest.raises(ValueError, match="compressed methods"):
         config_from_args(_train_args(["--method", "allreduce", "--hierarchical"]))
 
+
+
+def test_warmup_flag_sets_the_linear_ramp_and_bad_values_are_refused(capsys):
+    cfg = config_from_args(_train_args(["--warmup", "4", "--lr", "1e-3", "--steps", "24"]))
+    assert cfg.warmup == 4
+    assert [_lr(cfg, s) for s in (1, 2, 4)] == pytest.approx([2.5e-4, 5e-4, 1e-3])
+    # then cosine from lr to 0.1 x lr over the remaining 20 steps
+    assert _lr(cfg, 14) == pytest.approx(1e-3 * (0.1 + 0.45 * (1 + math.cos(math.pi / 2))))
+    assert _lr(cfg, 24) == pytest.approx(1e-4)
+    assert main(["train", "--warmup", "-1", "--steps", "1"]) == 2
+    assert "warmup >= 0" in capsys.readouterr().err
 
 def test_hierarchical_local_ranks_need_a_node_size(capsys, monkeypatch):
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)

@@ -45,7 +45,7 @@ the method's none and every:10 entries by the share u of each rank's momentum no
 the every:10 entry); a method without a sync entry uses its none entry. vote-allgather is vote-1bit's update;
 a method not on the map (avg-pbit) scores at least {UNMEASURED_FLOOR} (medium). L1 levels other than 127 // N
 are not on the map. Without --lr / --batch the map's base regime (lr {FIT['lr0']:g}, batch {FIT['batch0']}) is assumed;
-lower lrs (lioncub train's default is 5e-4) score as it.
+a lower lr scores as it.
 The fit sees N <= {MEASURED_AT}; its N slope was checked on held-out N <= {CHECKED_UP_TO}; beyond N = {CHECKED_UP_TO}
 (off the map) a compressed method scores at least {UNMEASURED_FLOOR} (medium): an extrapolation is not "low".
 Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1][1]}, high otherwise.

@@ -193,10 +193,17 @@ def format_map(res: dict) -> str:
     return "\n".join(lines)
 
 
+GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds")
+
+
 def run_convergence(args) -> int:
     """`lioncub bench convergence`: the map with --grid or --merge, else every method's curves."""
     if not (args.grid or args.merge):
         from lioncub.benchmarks import train
+
+        grid_only = [f"--{n.replace('_', '-')}" for n in GRID_OPTIONS if getattr(args, n) is not None]
+        if grid_only:
+            raise ValueError(f"{', '.join(grid_only)}: only with --grid (the convergence map)")
 
         args.steps, args.model = args.steps or 300, args.model or "char-small"
         return train.run_convergence(args)
@@ -216,7 +223,7 @@ def run_convergence(args) -> int:
             grid[name] = tuple(cast(x) for x in getattr(args, name).split(","))
     seeds = tuple(int(x) for x in args.seeds.split(",")) if getattr(args, "seeds", None) else SEEDS
     res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds,
-                   lr=getattr(args, "lr", None), **grid)
+                   lr=args.lr, **grid)
     if args.json:
         print(json.dumps(res, indent=1))
     return 0
