@@ -149,8 +149,10 @@ class LionCub(torch.optim.Optimizer):
         method: a name from lioncub.methods.NAMES: "allreduce" (average gradients, plain Lion: the
             baseline), "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit" or "l1-pbit" (see README).
         levels: L1 levels s for "l1-pbit" (default max(1, 127 // world_size)).
-        momentum_sync: None, an int K (average momenta every K steps) or a schedule
-            (lioncub.EveryK, FirstSteps, Geometric).
+        momentum_sync: None, an int K (average momenta every K steps), a schedule (lioncub.EveryK,
+            FirstSteps, Geometric, Adaptive) or its text ("every:K", "adaptive", ...: schedules.parse).
+            "adaptive" is the guard: a dense start until the momentum leads (12 steps for Lion's betas),
+            then momentum syncs where the ranks agree little, within the method's bytes again.
         process_group: the data-parallel group (default: the world, or none if not initialised).
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of
             collectives per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.wire.auto_bucket_mb).
@@ -194,6 +196,9 @@ class LionCub(torch.optim.Optimizer):
         self.schedule = schedules.resolve(momentum_sync)
         if self.spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", self.method)
+        # the adaptive guard's dense start (schedules.Adaptive); its bytes are charged to the guard's budget
+        self._guard_start = (self.schedule.start_steps([g["betas"] for g in self.param_groups])
+                             if hasattr(self.schedule, "start_steps") and not self.spec.dense else 0)
         if bucket_mb is None:
             bucket_mb = wire.auto_bucket_mb(sum(p.numel() * p.element_size() for g in self.param_groups
                                                 for p in g["params"] if p.requires_grad))
@@ -439,8 +444,9 @@ class LionCub(torch.optim.Optimizer):
         return done
 
     def _spec_at(self, step: int):
-        """The method of step `step` (1-based): the dense baseline during the warm-up, then the chosen one."""
-        return self._dense_spec if step <= self.dense_warmup else self.spec
+        """The method of step `step` (1-based): the dense baseline during the warm-up (and the adaptive
+        guard's start), then the chosen one."""
+        return self._dense_spec if step <= max(self.dense_warmup, self._guard_start) else self.spec
 
     def _versions(self) -> list[int]:
         return [b.g._version for b in self._buckets]
@@ -576,6 +582,8 @@ class LionCub(torch.optim.Optimizer):
         self._momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
         t2 = clock()
         sent, recv = self._traffic(collectives)
+        if self.dense_warmup < self._step <= self._guard_start:
+            self.schedule.spend(sent)
         self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed, self._node_bytes(collectives))
 
     def _lion_step_sharded(self) -> list:

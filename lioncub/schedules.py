@@ -7,6 +7,7 @@ agreed code that is identical on every rank (lioncub.agreement), so it too decid
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -81,33 +82,76 @@ class Geometric:
 
 
 ADAPTIVE_THRESHOLD = 0.5  # agreement (lioncub.agreement) below which Adaptive syncs; from the convergence map
-ADAPTIVE_BUDGET = 1.0  # momentum-sync bytes at most this many times the method's own bytes (total <= 2x)
+ADAPTIVE_BUDGET = 1.0  # the guard's bytes at most this many times the method's own bytes (total <= 2x)
+
+
+def momentum_lead_step(beta1: float, beta2: float) -> int:
+    """The first step t at which Lion's c = b1 m + (1 - b1) g leans on the momentum at least as much as on
+    the gradient. The momentum starts at zero, so after t steps of a steady gradient |m| = (1 - b2^t)|g|:
+    the first t with b1 (1 - b2^t) >= 1 - b1 (12 for Lion's (0.9, 0.99), 3 for (0.95, 0.98)). Before it, c
+    is mostly each rank's own current gradient, a vote on it is as noisy as a vote can be, and averaging
+    the momenta cannot help. 0 when b1 <= 1/2: c never leans on the momentum."""
+    if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
+        raise ValueError(f"betas must be in [0, 1), got {(beta1, beta2)}")
+    if beta1 <= 0.5:
+        return 0
+    if beta2 == 0.0:
+        return 1
+    t = max(1, math.ceil(math.log(1.0 - (1.0 - beta1) / beta1) / math.log(beta2)))
+    while t > 1 and beta1 * (1.0 - beta2 ** (t - 1)) >= 1.0 - beta1:  # (the logarithms' rounding)
+        t -= 1
+    while beta1 * (1.0 - beta2**t) < 1.0 - beta1:
+        t += 1
+    return t
 
 
 class Adaptive:
-    """Average the momenta when the ranks agree little, within a byte budget.
+    """The adaptive guard: a dense start, then momentum syncs where the ranks agree little, within a byte
+    budget.
 
-    Each step the optimizer calls `decide(step, agreement, step_bytes, sync_bytes)`: `agreement` is the
-    step's statistic (LionCub.stats.last_agreement, identical on every rank; None where the code carries
-    none), `step_bytes` what the method itself sent this step and `sync_bytes` what a momentum sync costs.
-    The schedule keeps an exponential average of the agreement (`smoothing`) and a credit of bytes: every
-    step adds budget x step_bytes; it syncs when the averaged agreement is below `threshold` and the credit
-    covers a sync (which spends it). So the syncs never send more than `budget` times the method's own
-    bytes (budget 1: at most 2x plain vote-1bit's bytes in all), and they go where agreement is low. Where
-    the code carries no agreement (1-bit votes of an odd number of ranks) it syncs whenever the credit
-    allows: a fixed period of about sync_bytes / (budget x step_bytes) steps. Its state (the average and the
-    credit) is in LionCub.state_dict, so a resumed run decides as the uninterrupted one."""
+    * The start: the first `start` steps run the dense method (averaged gradients, one momentum), as
+      LionCub(dense_warmup=...) does. By default (`start=None`) it lasts until the momentum leads Lion's
+      interpolation (momentum_lead_step of the optimizer's betas: 12 steps for (0.9, 0.99)); before that
+      the vote is on each rank's raw gradient, and on the convergence benchmarks that is when a compressed
+      run falls behind the baseline for good, while later dense steps do not undo it (docs/BENCHMARKS.md).
+      `start=0`: no start.
+    * The syncs: each compressed step the optimizer calls `decide(step, agreement, step_bytes, sync_bytes)`:
+      `agreement` is the step's statistic (LionCub.stats.last_agreement, identical on every rank; None
+      where the code carries none), `step_bytes` what the method itself sent this step and `sync_bytes`
+      what a momentum sync costs. The schedule keeps an exponential average of the agreement (`smoothing`)
+      and syncs when it is below `threshold` and the byte credit covers a sync.
+    * The budget: every compressed step adds budget x step_bytes to the credit; the start's dense steps
+      (`spend`) and the syncs take from it. So the guard's bytes never exceed `budget` times what the
+      method itself sends (budget 1: at most 2x plain vote-1bit's bytes in all, once the run is long enough
+      to earn back the start: about 270 steps for vote-1bit at N = 4 with the default start, whose dense
+      steps cost 21 of its steps each; until then it makes no syncs). Where the code carries no agreement
+      (1-bit votes of an odd number of ranks) it syncs whenever the credit allows.
+    Its state (the average and the credit) is in LionCub.state_dict, so a resumed run decides as the
+    uninterrupted one."""
 
     def __init__(self, threshold: float = ADAPTIVE_THRESHOLD, budget: float = ADAPTIVE_BUDGET,
-                 smoothing: float = 0.9):
+                 smoothing: float = 0.9, start: int | None = None):
         if not 0.0 <= threshold <= 1.0:
             raise ValueError(f"adaptive threshold must be in [0, 1], got {threshold!r}")
         if not budget > 0:
             raise ValueError(f"adaptive budget must be > 0, got {budget!r}")
         if not 0.0 <= smoothing < 1.0:
             raise ValueError(f"adaptive smoothing must be in [0, 1), got {smoothing!r}")
+        if start is not None and (isinstance(start, bool) or start != int(start) or start < 0):
+            raise ValueError(f"adaptive start must be an int >= 0 (steps), got {start!r}")
         self.threshold, self.budget, self.smoothing = float(threshold), float(budget), float(smoothing)
+        self.start = None if start is None else int(start)
         self.credit, self.average = 0.0, None
+
+    def start_steps(self, betas) -> int:
+        """The dense start's length for an optimizer whose param groups have these (beta1, beta2)."""
+        if self.start is not None:
+            return self.start
+        return max((momentum_lead_step(*b) for b in betas), default=0)
+
+    def spend(self, nbytes: float) -> None:
+        """Charge a dense start step's bytes to the credit."""
+        self.credit -= nbytes
 
     def decide(self, step: int, agreement: float | None, step_bytes: float, sync_bytes: float) -> bool:
         self.credit += self.budget * step_bytes
@@ -125,7 +169,7 @@ class Adaptive:
 
     def rate(self, steps: int | None = None) -> float:
         """The most syncs per step for vote-1bit (about 2.25 bits per parameter against 48 for an fp32
-        momentum all-reduce at N = 4): budget / 21."""
+        momentum all-reduce at N = 4), were the whole budget spent on syncs: budget / 21."""
         return self.budget / 21
 
     def state_dict(self) -> dict:
@@ -135,11 +179,12 @@ class Adaptive:
         self.credit, self.average = float(state["credit"]), state["average"]
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Adaptive) and (self.threshold, self.budget, self.smoothing) == (
-            other.threshold, other.budget, other.smoothing)
+        return isinstance(other, Adaptive) and (self.threshold, self.budget, self.smoothing, self.start) == (
+            other.threshold, other.budget, other.smoothing, other.start)
 
     def __repr__(self) -> str:
-        return f"Adaptive(threshold={self.threshold:g}, budget={self.budget:g})"
+        start = "" if self.start is None else f", start={self.start}"
+        return f"Adaptive(threshold={self.threshold:g}, budget={self.budget:g}{start})"
 
 
 class Never:
@@ -173,8 +218,9 @@ def resolve(spec):
 
 def parse(spec: str):
     """Schedules as a person types them: "none", "K" or "every:K", "first:K:M" (every K steps during the
-    first M), "geometric:K" (interval doubles every K syncs), "adaptive" or "adaptive:T" or "adaptive:T:B"
-    (sync when agreement is below T, within B times the method's bytes; see Adaptive)."""
+    first M), "geometric:K" (interval doubles every K syncs), "adaptive", "adaptive:T", "adaptive:T:B" or
+    "adaptive:T:B:S" (a dense start of S steps, by default until the momentum leads; then sync when the
+    agreement is below T; all within B times the method's bytes; see Adaptive)."""
     text = str(spec).strip().lower()
     if text in ("", "none", "never", "off"):
         return None
@@ -190,11 +236,13 @@ def parse(spec: str):
         if kind == "geometric":
             return Geometric(*args)
         if kind == "adaptive":
-            return Adaptive(*[float(a) for a in args])
+            if len(args) > 3:
+                raise ValueError("adaptive takes at most T:B:S")
+            return Adaptive(*[float(a) for a in args[:2]], start=args[2] if len(args) == 3 else None)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"bad momentum-sync schedule {spec!r}: {exc}") from None
     raise ValueError(f"bad momentum-sync schedule {spec!r}: use none, K, every:K, first:K:M, geometric:K or "
-                     "adaptive[:T[:B]]")
+                     "adaptive[:T[:B[:S]]]")
 
 
 def describe(schedule) -> str:
@@ -208,6 +256,8 @@ def describe(schedule) -> str:
     if isinstance(schedule, Geometric):
         return f"geometric:{schedule.k:g}"
     if isinstance(schedule, Adaptive):
+        if schedule.start is not None:
+            return f"adaptive:{schedule.threshold:g}:{schedule.budget:g}:{schedule.start}"
         if (schedule.threshold, schedule.budget) == (ADAPTIVE_THRESHOLD, ADAPTIVE_BUDGET):
             return "adaptive"
         return f"adaptive:{schedule.threshold:g}:{schedule.budget:g}"

@@ -14,7 +14,8 @@ SHAPES = [(64, 33), (257,), (9, 9)]
 def _model_and_opt(method: str, sync: str, overlap: bool):
     torch.manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES]
-    opt = LionCub(params, lr=0.01, weight_decay=0.1, method=method, momentum_sync=schedules.parse(sync),
+    opt = LionCub(params, lr=0.01, weight_decay=0.1, method=method,
+                  momentum_sync=schedules.parse(sync) if sync != "none" else None,
                   bucket_mb=4096 / 2**20, overlap=overlap)
     return params, opt
 
@@ -67,3 +68,15 @@ def adaptive_resume(rank, world_size, method, sync, steps, cut):
     log = _run(params2, opt2, rank, cut + 1, steps, _spread)
     return dict(log=log, params=torch.cat([p.detach().reshape(-1) for p in params2]),
                 state=opt2.schedule.state_dict())
+
+
+def start_run(rank, world_size, method, sync, steps, snapshot):
+    """A run's per-step log, its parameters after step `snapshot` and the guard's credit after each step."""
+    params, opt = _model_and_opt(method, sync, True)
+    log, snap = [], None
+    for step in range(1, steps + 1):
+        log += _run(params, opt, rank, step, step, _spread)
+        log[-1]["credit"] = getattr(opt.schedule, "credit", None)
+        if step == snapshot:
+            snap = torch.cat([p.detach().reshape(-1) for p in params])
+    return dict(log=log, snapshot=snap)

@@ -23,8 +23,9 @@ def register(sub) -> None:
                    help=f"a LionCub method, or {DDP_LION} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
     p.add_argument("--momentum-sync", dest="momentum_sync",
-                   help="none, K, every:K, first:K:M, geometric:K or adaptive[:T[:B]] (sync momenta when the ranks' "
-                        "agreement is low, within B x the method's bytes; default none)")
+                   help="none, K, every:K, first:K:M, geometric:K or adaptive[:T[:B[:S]]] (the guard: S dense "
+                        "steps, by default until the momentum leads, then momentum syncs when the ranks' agreement "
+                        "is below T, all within B x the method's bytes; default none)")
     p.add_argument("--lr", type=float)
     p.add_argument("--weight-decay", dest="weight_decay", type=float)
     p.add_argument("--warmup", type=int, help="steps of linear learning-rate warm-up before the cosine decay")
