@@ -36,6 +36,8 @@ def test_merge_ratios_and_plot(tmp_path):
     assert len(vote) == len(cm.regimes(1e-3))
     assert all(c["ratio"] == pytest.approx((2.1 / 2.0 + 2.11 / 2.01) / 2) for c in vote)
     assert all(c["bytes_vs_baseline"] == pytest.approx(0.05) and c["agreement"] == pytest.approx(0.4) for c in vote)
+    assert res["grid"] == dict(worlds=list(cm.WORLDS), batches=list(cm.BATCHES), lrs=[1e-3, 2e-3],
+                               seeds=list(cm.SEEDS), configs=["allreduce", "vote-1bit"])  # what was run
     cm.plot(res, str(tmp_path / "map.png"))
     assert (tmp_path / "map.png").stat().st_size > 1000
     assert "vote-1bit" in cm.format_map(res)

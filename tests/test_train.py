@@ -6,7 +6,7 @@ import os
 import pytest
 
 from lioncub.cli import main
-from lioncub.train.loop import TrainConfig, train_local
+from lioncub.train.loop import TrainConfig, summarize, train_local
 from lioncub.train.predict import momentum_interval, predict_step
 
 ROOT = os.geteuid() == 0
@@ -104,3 +104,13 @@ def test_demo_runs_end_to_end(capsys):
     assert "4. train 3 steps each on the emulated Ethernet lab" in out
     assert "predicted" in out and "allreduce" in out
 
+
+
+def test_summary_counts_every_steps_bytes_for_the_budget():
+    """bytes_per_step leaves out the first two steps (as the lab's link counters do); a dense start's bytes
+    are in total_bytes_sent."""
+    records = [dict(step=i, loss=1.0, step_s=0.1, compute_s=0.05, codec_s=0.0, comm_s=0.05,
+                    bytes_sent=1000 if i <= 3 else 10) for i in range(1, 11)]
+    s = summarize(TrainConfig(steps=10), records, 1.0, 1, 2, object())
+    assert s["total_bytes_sent"] == 3 * 1000 + 7 * 10
+    assert s["bytes_per_step"] == pytest.approx((1000 + 7 * 10) / 8)

@@ -92,7 +92,7 @@ def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int =
         s = train_local(cfg, run["ranks"], progress=False)
         sched = schedules.resolve(schedules.parse(sync))
         row = dict(run, method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
-                   bytes_per_step=s["bytes_per_step"], momentum_syncs=s["momentum_syncs"],
+                   bytes_per_step=s["total_bytes_sent"] / steps, momentum_syncs=s["momentum_syncs"],
                    agreement=s.get("agreement"), final_agreement=s.get("final_agreement"),
                    mean_step_seconds=s["mean_step_seconds"], wall_seconds=time.perf_counter() - t0,
                    threshold=getattr(sched, "threshold", None))
@@ -142,8 +142,11 @@ def merge(paths: list[str]) -> dict:
                         final_agreement=statistics.fmean(r["final_agreement"] for r in rs
                                                          if r.get("final_agreement") is not None)
                         if agreed else None))
-    return dict(**meta, grid=dict(worlds=WORLDS, batches=BATCHES, lr_factors=LR_FACTORS, seeds=SEEDS,
-                                  configs=CONFIGS),
+    present = list(rows.values())
+    grid = dict(worlds=sorted({r["ranks"] for r in present}), batches=sorted({r["batch_size"] for r in present}),
+                lrs=sorted({r["lr"] for r in present}), seeds=sorted({r["seed"] for r in present}),
+                configs=ordered_configs(out))
+    return dict(**meta, grid=grid,
                 cells=out, runs=sorted(rows.values(), key=lambda r: tuple(map(str, _key(r)))))
 
 

@@ -245,6 +245,8 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         # the mean includes the periodic momentum syncs the median skips: use it for throughput
         mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
+        # every step's bytes (a dense start's included): what a byte budget counts
+        total_bytes_sent=sum(r["bytes_sent"] for r in records),
         # of which to the rank's own node (the hierarchical layout's node collectives)
         node_bytes_per_step=statistics.fmean(r.get("node_bytes_sent", 0) for r in timed) if timed else 0,
         skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
