@@ -29,6 +29,11 @@ def _entries_text() -> str:
     return "\n".join(rows)
 
 
+def _n_slope_text() -> str:
+    fitted = any(e["world"] for e in FIT["entries"].values())
+    return "fitted" if fitted else "none fitted, the mean is taken as flat in N"
+
+
 RISK_RULE = f"""\
 Convergence risk, from the measured convergence map ({FIT['source']}: {FIT['model']}, {FIT['steps']} steps,
 final eval loss over allreduce's in the same regime and seed, {len(FIT['seeds'])} seeds). Score = 0 for
@@ -37,8 +42,9 @@ allreduce; for a compressed method, score = {SCORE_PER_EXCESS:g} x the predicted
   x_lr = max(0, log2(lr / {FIT['lr0']:g})), x_b = max(0, log2({FIT['batch0']} / batch per rank)),
   x_N = max(0, log2(N / {FIT['world0']}))
 fitted per (method, sync) by least squares on the map's construction regimes, slopes >= 0 (a harsher regime
-is never predicted better or less noisy): mean to the cells' mean loss ratio - 1, spread to their seed
-half-spread. Entries (mean: c0 and slopes | spread: c0 and slopes):
+is never predicted better or less noisy): mean to the cells' mean loss ratio - 1, spread to the standard
+error of that mean over the seeds (with two seeds, their half-range). Entries (mean: c0 and slopes | spread:
+c0 and slopes):
 {_entries_text()}
 Sync schedules: none, adaptive and every:10 are on the map; another periodic schedule interpolates between
 the method's none and every:10 entries by the share u of each rank's momentum not yet averaged (u <= u(every:10):
@@ -46,7 +52,8 @@ the every:10 entry); a method without a sync entry uses its none entry. vote-all
 a method not on the map (avg-pbit) scores at least {UNMEASURED_FLOOR} (medium). L1 levels other than 127 // N
 are not on the map. Without --lr / --batch the map's base regime (lr {FIT['lr0']:g}, batch {FIT['batch0']}) is assumed;
 a lower lr scores as it.
-The fit sees N <= {MEASURED_AT}; its N slope was checked on held-out N <= {CHECKED_UP_TO}; beyond N = {CHECKED_UP_TO}
+The fit sees N <= {MEASURED_AT} (an N slope needs three world sizes: {_n_slope_text()}); held-out N <= {CHECKED_UP_TO}
+checks it; beyond N = {CHECKED_UP_TO}
 (off the map) a compressed method scores at least {UNMEASURED_FLOOR} (medium): an extrapolation is not "low".
 Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1][1]}, high otherwise.
 Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']}
@@ -214,6 +221,12 @@ def _features(cell: dict, lr0: float, batch0: int, world0: int) -> list[float]:
             max(0.0, math.log2(cell["ranks"] / world0))]
 
 
+def _standard_error(cell: dict) -> float:
+    """The standard error of a map cell's mean ratio (maps merged before it was recorded: two seeds, whose
+    half-range it equals)."""
+    return cell["se"] if "se" in cell else cell["spread"]
+
+
 def _nnls_slopes(X: list[list[float]], y: list[float]) -> list[float]:
     """Least squares with a free intercept and slopes >= 0: the best over the slopes' active sets."""
     import itertools
@@ -252,10 +265,14 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
         if len(train) < 4 or len({_features(c, lr0, batch0, world0)[1] for c in train}) < 2:
             continue  # too little of the map (e.g. measured at one lr only) to fit the slopes
         X = [_features(c, lr0, batch0, world0) for c in train]
-        a, s_lr, s_b, s_n = _nnls_slopes(X, [c["ratio"] - 1 for c in train])
-        # the seed spread: the baseline's own instability, which the map shows grows with lr and small batches;
-        # no N term (two world sizes and two seeds cannot tell an N trend of the noise from the noise)
-        noise = [max(0.0, v) for v in _nnls_slopes([x[:3] + [0.0] for x in X], [c["spread"] for c in train])[:3]]
+        # an N slope only from at least three world sizes: from two, it is the noise of two cells' means, and
+        # the rule multiplies it by log2 N / 2 far beyond the map (off the map, the floor applies instead)
+        XN = X if len({c["ranks"] for c in train}) >= 3 else [x[:3] + [0.0] for x in X]
+        a, s_lr, s_b, s_n = _nnls_slopes(XN, [c["ratio"] - 1 for c in train])
+        # the noise of the cell's mean over seeds (mostly the baseline's own instability, which the map shows
+        # growing with lr and small batches): its standard error, the seeds' half-range where there are two;
+        # no N term (two world sizes cannot tell an N trend of the noise from the noise)
+        noise = [max(0.0, v) for v in _nnls_slopes([x[:3] + [0.0] for x in X], [_standard_error(c) for c in train])[:3]]
         noise.append(0.0)
         method, _, sync = config.partition("@")
         entries[f"{method}|{sync or 'none'}"] = dict(

@@ -5,7 +5,7 @@ momentum-sync schedule): each run's final eval loss over the allreduce baseline'
 seed. The runs are in a fixed order, configuration by configuration (the baseline first), so the grid
 runs in parts (`--part i/n`: the i-th of n contiguous slices), each written to its own JSON as it goes
 (a part that is stopped and started again skips what it has). `--merge` joins the parts into the map:
-per (regime, configuration) the mean ratio and its spread over seeds, and a heat map.
+per (regime, configuration) the mean ratio, its standard error and range over seeds, and a heat map.
 """
 
 from __future__ import annotations
@@ -133,6 +133,7 @@ def merge(paths: list[str]) -> dict:
                         seeds=sorted(r["seed"] for r in rs), ratio=statistics.fmean(ratios),
                         ratio_min=min(ratios), ratio_max=max(ratios),
                         spread=(max(ratios) - min(ratios)) / 2,
+                        se=statistics.stdev(ratios) / math.sqrt(len(ratios)) if len(ratios) > 1 else 0.0,
                         baseline_loss=statistics.fmean(base[(n, bsz, lr, r["seed"])]["final_loss"] for r in rs),
                         final_loss=statistics.fmean(r["final_loss"] for r in rs),
                         bytes_per_step=statistics.fmean(r["bytes_per_step"] for r in rs),
@@ -170,7 +171,7 @@ def plot(res: dict, path: str) -> None:
     spread = np.full_like(grid, np.nan)
     for x in cells:
         i, j = configs.index(x["config"]), regs.index((x["ranks"], x["batch_size"], x["lr"]))
-        grid[i, j], spread[i, j] = 100 * (x["ratio"] - 1), 100 * x["spread"]
+        grid[i, j], spread[i, j] = 100 * (x["ratio"] - 1), 100 * x.get("se", x["spread"])
     fig, ax = plt.subplots(figsize=(1.3 * len(regs) + 3, 0.6 * len(configs) + 2))
     im = ax.imshow(grid, cmap="RdYlGn_r", vmin=-10, vmax=10, aspect="auto")
     for i, j in itertools.product(range(len(configs)), range(len(regs))):
@@ -179,20 +180,23 @@ def plot(res: dict, path: str) -> None:
     ax.set_xticks(range(len(regs)), [f"N={n}\nb={b}\nlr={lr:g}" for n, b, lr in regs], fontsize=7)
     ax.set_yticks(range(len(configs)), configs, fontsize=8)
     fig.colorbar(im, ax=ax, label="final eval loss vs allreduce (%)")
-    ax.set_title(f"{res['model']}, {res['steps']} steps: loss vs the allreduce baseline (mean ± half-range over "
-                 f"seeds)", fontsize=9)
+    seeds = len(res.get("grid", {}).get("seeds", [])) or "the"
+    ax.set_title(f"{res['model']}, {res['steps']} steps: loss vs the allreduce baseline (mean ± standard error over "
+                 f"{seeds} seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
 
 def format_map(res: dict) -> str:
-    lines = ["| configuration | regime | seeds | vs allreduce | seed spread | agreement | syncs | bytes vs fp32 |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| configuration | regime | seeds | vs allreduce | std. error | range | agreement | syncs "
+             "| bytes vs fp32 |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for x in res["cells"]:
         a = "-" if x["agreement"] is None else f"{x['agreement']:.3f}"
         bv = "-" if x["bytes_vs_baseline"] is None else f"{100 * x['bytes_vs_baseline']:.1f}%"
         lines.append(f"| {x['config']} | {x['regime']} | {len(x['seeds'])} | {100 * (x['ratio'] - 1):+.1f}% | "
-                     f"±{100 * x['spread']:.1f}% | {a} | {x['momentum_syncs']:.0f} | {bv} |")
+                     f"±{100 * x.get('se', x['spread']):.1f}% | {100 * (x['ratio_min'] - 1):+.1f}.."
+                     f"{100 * (x['ratio_max'] - 1):+.1f}% | {a} | {x['momentum_syncs']:.0f} | {bv} |")
     return "\n".join(lines)
 
 
