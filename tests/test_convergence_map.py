@@ -35,6 +35,7 @@ def test_merge_ratios_and_plot(tmp_path):
     vote = [c for c in res["cells"] if c["config"] == "vote-1bit"]
     assert len(vote) == len(cm.regimes(1e-3))
     assert all(c["ratio"] == pytest.approx((2.1 / 2.0 + 2.11 / 2.01) / 2) for c in vote)
+    assert all(c["se"] == pytest.approx(abs(2.1 / 2.0 - 2.11 / 2.01) / 2) == c["spread"] for c in vote)  # 2 seeds
     assert all(c["bytes_vs_baseline"] == pytest.approx(0.05) and c["agreement"] == pytest.approx(0.4) for c in vote)
     assert res["grid"] == dict(worlds=list(cm.WORLDS), batches=list(cm.BATCHES), lrs=[1e-3, 2e-3],
                                seeds=list(cm.SEEDS), configs=["allreduce", "vote-1bit"])  # what was run

@@ -171,7 +171,7 @@ def plot(res: dict, path: str) -> None:
     spread = np.full_like(grid, np.nan)
     for x in cells:
         i, j = configs.index(x["config"]), regs.index((x["ranks"], x["batch_size"], x["lr"]))
-        grid[i, j], spread[i, j] = 100 * (x["ratio"] - 1), 100 * x.get("se", x["spread"])
+        grid[i, j], spread[i, j] = 100 * (x["ratio"] - 1), 100 * x["se"]
     fig, ax = plt.subplots(figsize=(1.3 * len(regs) + 3, 0.6 * len(configs) + 2))
     im = ax.imshow(grid, cmap="RdYlGn_r", vmin=-10, vmax=10, aspect="auto")
     for i, j in itertools.product(range(len(configs)), range(len(regs))):
@@ -180,9 +180,8 @@ def plot(res: dict, path: str) -> None:
     ax.set_xticks(range(len(regs)), [f"N={n}\nb={b}\nlr={lr:g}" for n, b, lr in regs], fontsize=7)
     ax.set_yticks(range(len(configs)), configs, fontsize=8)
     fig.colorbar(im, ax=ax, label="final eval loss vs allreduce (%)")
-    seeds = len(res.get("grid", {}).get("seeds", [])) or "the"
     ax.set_title(f"{res['model']}, {res['steps']} steps: loss vs the allreduce baseline (mean ± standard error over "
-                 f"{seeds} seeds)", fontsize=9)
+                 f"{len(res['grid']['seeds'])} seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
@@ -195,7 +194,7 @@ def format_map(res: dict) -> str:
         a = "-" if x["agreement"] is None else f"{x['agreement']:.3f}"
         bv = "-" if x["bytes_vs_baseline"] is None else f"{100 * x['bytes_vs_baseline']:.1f}%"
         lines.append(f"| {x['config']} | {x['regime']} | {len(x['seeds'])} | {100 * (x['ratio'] - 1):+.1f}% | "
-                     f"±{100 * x.get('se', x['spread']):.1f}% | {100 * (x['ratio_min'] - 1):+.1f}.."
+                     f"±{100 * x['se']:.1f}% | {100 * (x['ratio_min'] - 1):+.1f}.."
                      f"{100 * (x['ratio_max'] - 1):+.1f}% | {a} | {x['momentum_syncs']:.0f} | {bv} |")
     return "\n".join(lines)
 
