@@ -56,9 +56,10 @@ def implementation(tensor):
     return importlib.import_module("lioncub.kernels.triton_ops")
 
 
-def all_finite(t) -> bool:
-    """Whether every element of t is finite (one read pass; the same code on CPU and GPU)."""
-    return reference.all_finite(t)
+def all_finite(tensors) -> bool:
+    """Whether every element of a tensor, or of every tensor in a sequence, is finite: one read pass each
+    and one host sync in all (a sync per bucket stalls the GPU's queue; the same code on CPU and GPU)."""
+    return reference.all_finite(tensors)
 
 
 def lion_step(p, g, m, **kw):

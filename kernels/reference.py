@@ -178,9 +178,13 @@ def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> N
         momentum_update_(m[s:e], g[s:e], beta2)
 
 
-def all_finite(t: torch.Tensor) -> bool:
-    """One read pass: a sum is finite iff every element is (a sum that overflows float32 also says no)."""
-    return bool(torch.isfinite(t.sum(dtype=torch.float32)))
+def all_finite(tensors) -> bool:
+    """One read pass per tensor and one host sync: a sum is finite iff every element is (a sum that
+    overflows float32 also says no)."""
+    if isinstance(tensors, torch.Tensor):
+        return bool(torch.isfinite(tensors.sum(dtype=torch.float32)))
+    sums = [t.sum(dtype=torch.float32) for t in tensors]
+    return not sums or bool(torch.isfinite(torch.stack(sums)).all())
 
 
 # --- the compressed step: pre-pass, quantize-and-pack, vote, unpack-and-apply ---------------------------
@@ -208,22 +212,24 @@ def segment_sums_abs(c: torch.Tensor, offsets: list[int]) -> torch.Tensor:
 
 def l1_multipliers(sums: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:
     """mult_t = (s/2) / mean|c_t| as fp32, 0 where the mean is 0 (or the sum is not finite)."""
-    numel = torch.tensor([e - s for s, e in zip(offsets[:-1], offsets[1:])], dtype=torch.float64)
-    mean = sums.cpu() / numel
+    sizes = tuple(e - s for s, e in zip(offsets[:-1], offsets[1:]))
+    numel = _table(("numel", sizes), sums.device, lambda: torch.tensor(sizes, dtype=torch.float64))
+    mean = sums / numel  # on sums' device: IEEE float64 division, the same bits anywhere, and no host sync
     ok = (mean > 0) & torch.isfinite(mean)
     mult = torch.where(ok, (levels / 2) / torch.where(ok, mean, 1.0), 0.0)
-    return mult.float().to(sums.device)
+    return mult.float()
 
 
 def prepass(codec: Codec, g, m, *, beta1: float, offsets: list[int], levels: int = 0):
-    """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
+    """Read-only pass before the step: (whether every gradient is finite, as a 0-dim bool tensor on g's
+    device; L1 multipliers or None). Nothing waits for the device: the caller syncs once per step."""
     if codec.l1:
         sums = torch.zeros(len(offsets) - 1, dtype=torch.float64, device=g.device)
         for seg, s, e in pieces(g.numel(), offsets, g.device):
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device))
             sums[seg] += _sum_abs(c)
-        return bool(torch.isfinite(sums).all()), l1_multipliers(sums, offsets, levels)
-    return all_finite(g), None
+        return torch.isfinite(sums).all(), l1_multipliers(sums, offsets, levels)
+    return torch.isfinite(g.sum(dtype=torch.float32)), None
 
 
 def l1_levels(c: torch.Tensor, mult: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:

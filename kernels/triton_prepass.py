@@ -100,20 +100,22 @@ def segment_abs_sums(g, m, *, beta1: float, offsets) -> torch.Tensor:
     return sums
 
 
-def all_finite(g) -> bool:
+def finite_flag(g) -> torch.Tensor:
+    """A 0-dim bool tensor on g's device: whether every element is finite (no host sync)."""
     n = check_flat(g)
     if n == 0:
-        return True
+        return torch.ones((), dtype=torch.bool, device=g.device)
     block, warps = CFG["finite"]
     grid = triton.cdiv(n, block)
     bad = torch.empty(grid, dtype=torch.int32, device=g.device)
     _finite_kernel[(grid,)](g, bad, n, BLOCK=block, **LAUNCH, num_warps=warps)
-    return not bool(bad.any())
+    return ~bad.any()
 
 
 def prepass(codec, g, m, *, beta1: float, offsets, levels: int = 0):
-    """Read-only pass before the step: (is every gradient finite, L1 multipliers or None)."""
+    """Read-only pass before the step: (whether every gradient is finite, as a 0-dim bool tensor on g's
+    device; L1 multipliers or None). Nothing waits for the GPU: the caller syncs once per step."""
     if codec.l1:
         sums = segment_abs_sums(g, m, beta1=beta1, offsets=offsets)
-        return bool(torch.isfinite(sums).all()), reference.l1_multipliers(sums, list(offsets), levels)
-    return all_finite(g), None
+        return torch.isfinite(sums).all(), reference.l1_multipliers(sums, list(offsets), levels)
+    return finite_flag(g), None

@@ -130,7 +130,7 @@ def _after_unscale(opt, scaler, before, local: bool) -> bool:
         return local
     if dense:
         if opt._private_grads:
-            local = not all(kernels.all_finite(b.g) for b in opt._buckets)
+            local = not kernels.all_finite([b.g for b in opt._buckets])
         if done is None:
             opt._averaged["versions"] = opt._versions()  # still the mean, unscaled
         return local  # a check of the averaged gradients: the same on every rank

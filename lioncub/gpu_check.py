@@ -60,7 +60,7 @@ METHODS = ("allreduce", "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", 
 
 SIZES = {
     "full": dict(
-        timeouts=dict(env=20, install=30, tests=90, bench=120, optimizer=30, ranks=30, train=25),
+        timeouts=dict(env=20, install=30, tests=70, bench=85, optimizer=30, ranks=75, train=35),
         copy_bytes=1 << 30,
         tests=dict(files=TEST_FILES, k=None, workers=8),
         # --repeat 5: 50 ms of timed runs per figure (triton.testing.do_bench, medians). The bench makes its
@@ -724,6 +724,9 @@ def ranks_body(rank, world_size, cfg):
             if device.type == "cuda":
                 torch.cuda.synchronize()
             seconds = time.perf_counter() - t0
+            if rank == 0:  # progress in the step's log: a run cut short shows where its time went
+                print(f"ranks: world size {world_size}, {backend} {method}: {cfg['steps']} steps in {seconds:.2f} s",
+                      file=sys.stderr, flush=True)
             flat = torch.cat([p.detach().double().cpu().reshape(-1) for p in params])
             moms = torch.cat([opt.state[p]["exp_avg"].detach().double().cpu().reshape(-1) for p in params])
             gathered = [torch.empty_like(flat) for _ in range(world_size)]

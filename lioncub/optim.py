@@ -552,7 +552,7 @@ class LionCub(torch.optim.Optimizer):
 
     def _step_local(self, clock) -> None:
         t0 = clock()
-        if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
+        if self.skip_nonfinite and not kernels.all_finite([b.g for b in self._buckets]):
             return self._skip("non-finite gradient")
         for b in self._buckets:
             kernels.lion_step(b.p, b.g, b.m, **self._hyper(b))
@@ -572,7 +572,7 @@ class LionCub(torch.optim.Optimizer):
             comm = exposed = clock() - t0
         t1 = clock()
         # the reduced gradients are identical on all ranks, so this check agrees without a message
-        if self.skip_nonfinite and not all(kernels.all_finite(b.g) for b in self._buckets):
+        if self.skip_nonfinite and not kernels.all_finite([b.g for b in self._buckets]):
             return self._skip("non-finite gradient", collectives, comm, exposed)
         if self._nodes is not None:
             collectives = list(collectives) + self._lion_step_sharded()
@@ -601,21 +601,21 @@ class LionCub(torch.optim.Optimizer):
         the momentum update fused), exchange and apply."""
         codec = self.spec.codec
         t_quant = t_comm = t_apply = 0.0
-        mults, inputs, nonfinite = [], [], 0
+        mults, inputs, finite = [], [], []
         for b in self._buckets:
             h, x = self._hyper(b), self._exchange(b)
             t0 = clock()
             g, offsets = self._codec_input(b, x)
             t1 = clock()
-            finite, mult = kernels.prepass(codec, g, b.m, beta1=h["beta1"], offsets=offsets, levels=self.levels)
-            nonfinite += not finite
+            ok, mult = kernels.prepass(codec, g, b.m, beta1=h["beta1"], offsets=offsets, levels=self.levels)
+            finite.append(ok)
             mults.append(mult)
             inputs.append(g)
             t_comm, t_quant = t_comm + t1 - t0, t_quant + clock() - t1
         collectives = [c for b in self._buckets for c in b.exchange.collectives if c.op == "reducescatter"]
         collectives.append(wire.CONTROL)
         t1 = clock()
-        bad, _ = agree_control(int(nonfinite), None, self.process_group,
+        bad, _ = agree_control(_count_false(finite), None, self.process_group,
                                self._buckets[0].g.device if self._buckets else "cpu")
         bad = bad if self.skip_nonfinite else 0
         t2 = clock()
@@ -741,9 +741,9 @@ class LionCub(torch.optim.Optimizer):
                 state["comm_s"] += time.perf_counter() - tr
                 t0 += time.perf_counter() - tr
             h = self._hyper(b)
-            finite, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=self._offsets(b),
-                                           levels=self.levels)
-            state["nonfinite"] += not finite
+            ok, mult = kernels.prepass(spec.codec, g, b.m, beta1=h["beta1"], offsets=self._offsets(b),
+                                       levels=self.levels)
+            state["finite"].append(ok)
             kernels.quantize_pack(spec.codec, g, b.m, x.code, beta1=h["beta1"], beta2=h["beta2"],
                                   zero_parity=self._zero_parity(state["step"]), layout=x.layout, mult=mult,
                                   offsets=self._offsets(b), levels=self.levels, update_momentum=False)
@@ -760,7 +760,7 @@ class LionCub(torch.optim.Optimizer):
         if not self._spec_at(state["step"]).dense:
             t0 = time.perf_counter()
             sumsq = state.get("sumsq")
-            count, total = agree_control(int(state["nonfinite"]), sumsq, self.process_group,
+            count, total = agree_control(_count_false(state["finite"]), sumsq, self.process_group,
                                          self._buckets[0].g.device)
             state["nonfinite_ranks"] = count
             state["bad"] = count if self.skip_nonfinite else 0
@@ -934,6 +934,12 @@ class LionCub(torch.optim.Optimizer):
         layout = f", nodes={self._nodes.count}x{self.node_size}" if self._nodes is not None else ""
         return (f"LionCub(method={self.method!r}, world_size={self.world_size}{layout}, params={n}, "
                 f"buckets={len(self._buckets)}, levels={self.levels or None}, schedule={self.schedule})")
+
+
+def _count_false(flags: list):
+    """How many of the prepass's finite flags (0-dim bool tensors) are false, as a 0-dim tensor: nothing
+    waits for the device until the control message is read."""
+    return torch.stack(flags).logical_not().sum() if flags else 0
 
 
 def _sum_squares(g: torch.Tensor) -> torch.Tensor:

@@ -104,7 +104,7 @@ class Overlap:
         n = len(opt._buckets)
         self._pass = dict(pending=[len(b.params) for b in opt._buckets], complete=[False] * n, cursor=0,
                           events=[None] * n, done=threading.Event(), error=None, step=opt._step + 1,
-                          nonfinite=0, bad=0, quantize_s=0.0, comm_s=0.0, codes=[None] * n, versions=None,
+                          finite=[], bad=0, quantize_s=0.0, comm_s=0.0, codes=[None] * n, versions=None,
                           collectives=[])
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 

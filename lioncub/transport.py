@@ -81,9 +81,10 @@ def allreduce_mean_(tensor: torch.Tensor, group=None, wire_dtype: torch.dtype = 
         tensor.copy_(buf)
 
 
-def agree_control(nonfinite: int, sumsq=None, group=None, device="cpu") -> tuple[int, float]:
+def agree_control(nonfinite, sumsq=None, group=None, device="cpu") -> tuple[int, float]:
     """The step's control message (lioncub.wire.CONTROL): one float64 SUM all-reduce of [this rank's
-    non-finite count, its sum of squared gradients (a float or 0-dim tensor; 0 if None)]. Returns the sums."""
+    non-finite count, its sum of squared gradients] (each a number or a 0-dim tensor, so that the step
+    waits for the device only here; sumsq 0 if None). Returns the sums."""
     msg = torch.zeros(2, dtype=torch.float64, device=device)
     msg[0] = nonfinite
     if sumsq is not None:

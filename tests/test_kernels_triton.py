@@ -220,7 +220,8 @@ def test_prepass_l1_multipliers(T, tiles, n):
     s = 7
     f1, mult1 = T.prepass(codec("l1-pbit"), g, m, beta1=B1, offsets=offsets, levels=s)
     f2, mult2 = ref.prepass(codec("l1-pbit"), g, m, beta1=B1, offsets=offsets, levels=s)
-    assert f1 is True and f2 is True
+    assert bool(f1) is True and bool(f2) is True
+    assert f1.device == g.device and f1.dim() == 0  # a device flag: the prepass does not wait for the GPU
     # both accumulate |c| accurately but in different orders (fp64 tiles vs fp32 chunks): equal to ~1e-7
     assert torch.allclose(mult1.cpu(), mult2.cpu(), rtol=1e-6, atol=0)
     c, _ = c_exact(g, m)
@@ -238,10 +239,10 @@ def test_prepass_flags_non_finite(T, tiles, method, where, bad):
     n = 301
     g, m = make_gm(n, seed=1)
     offsets = [0, 100, 301]
-    assert T.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0] is True
+    assert bool(T.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0]) is True
     g[{"first": 0, "middle": 150, "last": n - 1}[where]] = bad
-    assert T.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0] is False
-    assert ref.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0] is False
+    assert bool(T.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0]) is False
+    assert bool(ref.prepass(codec(method), g, m, beta1=B1, offsets=offsets, levels=3)[0]) is False
 
 
 # --- quantize-and-pack --------------------------------------------------------------------------------------

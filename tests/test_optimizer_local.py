@@ -106,6 +106,34 @@ def test_nonfinite_gradient_skips_single_process_step():
     assert all(torch.isfinite(s["exp_avg"]).all() for s in opt.state.values())
 
 
+@pytest.mark.parametrize("which,bad", [(0, float("nan")), (1, float("inf")), (2, -float("inf")), (3, float("nan"))])
+def test_nonfinite_gradient_in_any_bucket_skips_the_step(which, bad):
+    model = _model()
+    opt = LionCub(model.parameters(), lr=1e-2, bucket_mb=1024 / 2**20)
+    assert len(opt._buckets) > 1
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    list(model.parameters())[which].grad.view(-1)[-1] = bad
+    opt.step()
+    assert opt.stats.skipped_steps == 1
+    assert all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.step()
+    assert opt.stats.skipped_steps == 1 and not all(torch.equal(p, q) for p, q in zip(before, model.parameters()))
+
+
+def test_all_finite_checks_every_tensor_of_a_list():
+    from lioncub import kernels
+    ok = [torch.ones(5), torch.zeros(3, dtype=torch.bfloat16)]
+    assert kernels.all_finite(ok) and kernels.all_finite([]) and kernels.all_finite(ok[0])
+    for i in range(2):
+        bad = [t.clone() for t in ok]
+        bad[i][1] = float("nan")
+        assert not kernels.all_finite(bad) and not kernels.all_finite(bad[i])
+
+
 def test_state_dict_round_trip_resumes_exactly():
     a = _model()
     opt_a = LionCub(a.parameters(), lr=1e-3)
