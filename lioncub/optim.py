@@ -583,7 +583,7 @@ class LionCub(torch.optim.Optimizer):
         t2 = clock()
         sent, recv = self._traffic(collectives)
         if self.dense_warmup < self._step <= self._guard_start:
-            self.schedule.spend(sent)
+            self.schedule.spend(self._credit_bytes(collectives))
         self.stats.record(sent, recv, len(collectives), 0.0, comm, t2 - t1, 0.0, exposed, self._node_bytes(collectives))
 
     def _lion_step_sharded(self) -> list:
@@ -679,9 +679,8 @@ class LionCub(torch.optim.Optimizer):
         t_sync = 0.0
         self.stats.last_agreement = self._agreement(codes)
         if hasattr(self.schedule, "decide"):  # adaptive: a function of the agreed codes, the same on every rank
-            sent = self._traffic(collectives)[0]
-            due = self.schedule.decide(self._step, self.stats.last_agreement, sent,
-                                       self._traffic(self._sync_collectives())[0])
+            due = self.schedule.decide(self._step, self.stats.last_agreement, self._credit_bytes(collectives),
+                                       self._credit_bytes(self._sync_collectives()))
         else:
             due = self.schedule.should_sync(self._step)
         if due:
@@ -697,6 +696,12 @@ class LionCub(torch.optim.Optimizer):
 
     def _node_bytes(self, collectives) -> int:
         return self._traffic([c for c in collectives if c.scope == "node"])[0]
+
+    def _credit_bytes(self, collectives) -> int:
+        """The bytes the adaptive guard's credit counts: those that leave the node (all of them in the flat
+        layout). In the hierarchical layout the node's fp32 reduce-scatter would otherwise earn credit for
+        momentum syncs, which cross the slow links."""
+        return self._traffic(collectives)[0] - self._node_bytes(collectives)
 
     def _agreement(self, codes) -> float | None:
         """lioncub.agreement over the agreed codes (in the hierarchical layout, of every shard: the vote of

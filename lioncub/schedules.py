@@ -121,11 +121,13 @@ class Adaptive:
       what a momentum sync costs. The schedule keeps an exponential average of the agreement (`smoothing`)
       and syncs when it is below `threshold` and the byte credit covers a sync.
     * The budget: every compressed step adds budget x step_bytes to the credit; the start's dense steps
-      (`spend`) and the syncs take from it. So the guard's bytes never exceed `budget` times what the
-      method itself sends (budget 1: at most 2x plain vote-1bit's bytes in all, once the run is long enough
-      to earn back the start: about 270 steps for vote-1bit at N = 4 with the default start, whose dense
-      steps cost 21 of its steps each; until then it makes no syncs). Where the code carries no agreement
-      (1-bit votes of an odd number of ranks) it syncs whenever the credit allows.
+      (`spend`) and the syncs take from it. LionCub passes the bytes that leave the node (all of them in
+      the flat layout), so in the hierarchical layout the node's own traffic earns no syncs. So the
+      guard's bytes never exceed `budget` times what the method itself sends (budget 1: at most 2x plain
+      vote-1bit's bytes in all, once the run is long enough to earn back the start: about 270 steps for
+      vote-1bit at N = 4 with the default start, whose dense steps cost 21 of its steps each; until then
+      it makes no syncs). Where the code carries no agreement (1-bit votes of an odd number of ranks) it
+      syncs whenever the credit allows.
     Its state (the average and the credit) is in LionCub.state_dict, so a resumed run decides as the
     uninterrupted one."""
 

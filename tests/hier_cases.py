@@ -133,6 +133,22 @@ def hierarchical_vs_flat_bytes(rank, world_size, G):
     return out
 
 
+def guard_credit(rank, world_size, G, start, steps):
+    """The adaptive guard's credit after a dense start and compressed steps that never sync (threshold 0),
+    with each step's bytes and node-scoped bytes as the stats recorded them."""
+    from lioncub.schedules import Adaptive
+
+    p = torch.nn.Parameter(torch.zeros(1 << 14))
+    opt = LionCub([p], lr=0.01, method="vote-1bit", hierarchical=True, node_size=G, overlap=False,
+                  momentum_sync=Adaptive(threshold=0.0, budget=1.0, start=start))
+    rows = []
+    for step in range(1, steps + 1):
+        p.grad.copy_(torch.randn(1 << 14, generator=torch.Generator().manual_seed(100 * step + rank)))
+        opt.step()
+        rows.append((opt.stats.last_bytes_sent, opt.stats.last_node_bytes_sent))
+    return dict(rows=rows, credit=opt.schedule.credit, syncs=opt.stats.momentum_syncs)
+
+
 def nonfinite_on_one_rank(rank, world_size, G, bad_rank):
     params, groups = dist_cases.make_params()
     opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB,

@@ -20,18 +20,35 @@ def oracle_step(cluster, c, params, compute, backend="nccl", cache=None, memory_
                          memory_bandwidth=memory_bandwidth, cache=cache).step_seconds
 
 
+WARMUP = {"low": 0, "medium": 200, "high": 500}  # dense warm-up steps by risk level, at most a tenth of the run
+
+
+def oracle_run_step(cluster, c, params, compute, step, steps=10_000, cache=None, **kw):
+    """The mean step over the planned run: the dense warm-up the config recommends (allreduce steps in the
+    candidate's buckets), then the candidate's step."""
+    if methods.get(c.method).dense:
+        return step
+    k = min(WARMUP[c.risk["level"]], steps // 10)
+    dense = simulate_step(cluster, "allreduce", params, None, c.bucket_mb, compute, cache=cache, **kw).step_seconds
+    return (k * dense + (steps - k) * step) / steps
+
+
 def check_against_simulator(res, cluster, params, compute, max_risk=math.inf, **kw):
-    """Every candidate's step equals simulate_step's; `ranked` is exactly the candidates within the risk
-    bound, sorted by that step time."""
+    """Every candidate's step equals simulate_step's, and its mean over the run adds the dense warm-up;
+    `ranked` is exactly the candidates within the risk bound, sorted by that mean."""
     cache = Cache()
     oracle = {id(c): oracle_step(cluster, c, params, compute, cache=cache, **kw) for c in res.candidates}
+    run = {id(c): oracle_run_step(cluster, c, params, compute, oracle[id(c)], cache=cache,
+                                  **{k: v for k, v in kw.items() if k == "backend"})
+           for c in res.candidates}
     for c in res.candidates:
         assert c.step_seconds == pytest.approx(oracle[id(c)], rel=1e-12), c.label()
+        assert c.run_step_seconds == pytest.approx(run[id(c)], rel=1e-12), c.label()
     eligible = [c for c in res.candidates if c.risk["score"] <= max_risk]
     assert {id(c) for c in res.ranked} == {id(c) for c in eligible}
-    times = [oracle[id(c)] for c in res.ranked]
+    times = [run[id(c)] for c in res.ranked]
     assert times == sorted(times)
-    assert res.ranked[0].step_seconds == min(oracle[id(c)] for c in eligible)
+    assert res.ranked[0].run_step_seconds == pytest.approx(min(run[id(c)] for c in eligible), rel=1e-12)
 
 
 def test_fast_network_small_model_recommends_the_baseline():
@@ -60,6 +77,69 @@ def test_fast_network_small_model_recommends_the_baseline():
     rec, verdict = autotune.recommend(res, min_speedup=1.10)
     assert rec is best_ar and "does not pay enough" in verdict
     assert autotune.recommend(res, min_speedup=1.0)[0] is res.ranked[0]
+
+
+@pytest.mark.parametrize("steps", [100, 10_000])
+def test_adaptive_guard_is_priced_as_its_dense_start_and_its_whole_credit(steps):
+    # the guard's cost at worst: momentum_lead_step(0.9, 0.99) = 12 dense steps, then syncs for every byte of
+    # credit (budget 1: the method's own bytes per compressed step, less the start's); a short run earns none
+    cluster = Cluster.for_ranks(8, bandwidth="1Gbit", latency="50us")
+    params, compute = 50_000_000, 0.1
+    res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
+                          momentum_syncs=["adaptive"])
+    (c,) = res.candidates
+    sim = lambda method, k: simulate_step(cluster, method, params, k, 25, compute)
+    plain, every, dense = sim("vote-1bit", None), sim("vote-1bit", 1), sim("allreduce", None)
+    credit = plain.bytes_sent_per_rank * (steps - 12) - 12 * dense.bytes_sent_per_rank
+    syncs = max(0, math.floor(credit / (every.bytes_sent_per_rank - plain.bytes_sent_per_rank)))
+    assert (syncs > 0) == (steps == 10_000)
+    assert c.dense_steps == 12 and c.syncs_per_step == pytest.approx(syncs / (steps - 12), rel=1e-12)
+    step = plain.step_seconds + syncs / (steps - 12) * every.momentum_sync_seconds
+    assert c.step_seconds == pytest.approx(step, rel=1e-12)
+    assert c.run_step_seconds == pytest.approx((12 * dense.step_seconds + (steps - 12) * step) / steps, rel=1e-12)
+    # at most 2x plain vote-1bit's bytes in all, dense start included
+    total = 12 * dense.bytes_sent_per_rank + (steps - 12) * c.bytes_per_step
+    assert total <= 2 * steps * plain.bytes_sent_per_rank * (1 + 1e-12) or syncs == 0
+    cfg = autotune.build_config(c, res, autotune.ModelSpec("custom", params, compute, "given"), cluster, "test",
+                                get_profile("nccl"), "v", steps=steps)
+    assert cfg["optimizer"]["momentum_sync"] == "adaptive" and "dense_warmup" not in cfg["optimizer"]
+
+
+def test_a_warmup_longer_than_the_guards_start_replaces_it_and_is_not_charged_to_its_credit():
+    # at 4x the map's lr the guard is high risk: 500 dense warm-up steps, which cover its 12-step start
+    cluster = Cluster.for_ranks(8, bandwidth="1Gbit", latency="50us")
+    params, compute, steps = 50_000_000, 0.1, 10_000
+    lr = 4 * autotune.risk_rule.FIT["lr0"]
+    res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
+                          momentum_syncs=["adaptive"], lr=lr)
+    (c,) = res.candidates
+    assert c.risk["level"] == "high" and c.dense_steps == 500
+    sim = lambda method, k: simulate_step(cluster, method, params, k, 25, compute)
+    plain, every, dense = sim("vote-1bit", None), sim("vote-1bit", 1), sim("allreduce", None)
+    syncs = math.floor(plain.bytes_sent_per_rank * (steps - 500) / (every.bytes_sent_per_rank
+                                                                   - plain.bytes_sent_per_rank))
+    assert c.syncs_per_step == pytest.approx(syncs / (steps - 500), rel=1e-12)
+    step = plain.step_seconds + syncs / (steps - 500) * every.momentum_sync_seconds
+    assert c.run_step_seconds == pytest.approx((500 * dense.step_seconds + (steps - 500) * step) / steps, rel=1e-12)
+    cfg = autotune.build_config(c, res, autotune.ModelSpec("custom", params, compute, "given"), cluster, "test",
+                                get_profile("nccl"), "v", steps=steps)
+    assert cfg["optimizer"]["dense_warmup"] == 500 and cfg["optimizer"]["momentum_sync"] == "adaptive"
+
+
+def test_adaptive_guard_in_the_hierarchical_layout_earns_credit_only_on_bytes_that_leave_the_node():
+    # as LionCub counts them: the node's fp32 reduce-scatter earns nothing, the cross-node vote does
+    cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="10Gbit", latency="50us")
+    params, compute, steps, G = 50_000_000, 0.1, 10_000, 4
+    res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
+                          momentum_syncs=["adaptive"])
+    c = next(x for x in res.candidates if x.layout == "hierarchical")
+    sim = lambda k: simulate_step(cluster, "vote-1bit", params, k, 25, compute, hierarchical=True)
+    plain, every = sim(None), sim(1)
+    dense = simulate_step(cluster, "allreduce", params, None, 25, compute)
+    assert plain.bytes_sent_per_rank > 4 * plain.nic_bytes_per_node / G  # mostly node-local bytes
+    credit = plain.nic_bytes_per_node / G * (steps - 12) - 12 * dense.nic_bytes_per_node / G
+    syncs = max(0, math.floor(credit / ((every.nic_bytes_per_node - plain.nic_bytes_per_node) / G)))
+    assert c.syncs_per_step == pytest.approx(syncs / (steps - 12), rel=1e-12)
 
 
 def test_slow_network_large_model_recommends_a_compressed_method():

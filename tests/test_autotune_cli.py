@@ -27,17 +27,31 @@ def test_json_ranked_list_and_output_config(tmp_path, capsys):
     assert out["recommended"] == cfg
     ranked = out["ranked"]
     assert [r["rank"] for r in ranked] == list(range(1, len(ranked) + 1))
-    assert [r["step_seconds"] for r in ranked] == sorted(r["step_seconds"] for r in ranked)
+    assert [r["run_step_seconds"] for r in ranked] == sorted(r["run_step_seconds"] for r in ranked)
     assert all(r["risk"]["score"] < 0.45 for r in ranked)  # the default bound: medium
     # the config is the top (flat) row, and its prediction is simulate_step's on the same cluster and backend
     top = next(r for r in ranked if r["deployable"])
     assert (cfg["optimizer"]["method"], cfg["optimizer"]["bucket_mb"]) == (top["method"], top["bucket_mb"])
     assert cfg["optimizer"]["method"] != "allreduce"  # 100 Mbit/s: compression pays
     cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
-    k = None if top["momentum_sync"] == "none" else int(top["momentum_sync"].split(":")[1])
-    direct = simulate_step(cluster, top["method"], autotune.builtin_params("char-tiny"), k, top["bucket_mb"], 0.1,
-                           backend="gloo", levels=top["levels"], memory_bandwidth=2e12)
-    assert cfg["predicted"]["step_seconds"] == pytest.approx(direct.step_seconds, rel=1e-12)
+    sim = lambda method, k: simulate_step(cluster, method, autotune.builtin_params("char-tiny"), k, top["bucket_mb"],
+                                          0.1, backend="gloo", levels=top["levels"], memory_bandwidth=2e12)
+    if top["momentum_sync"] == "adaptive":
+        # the guard, priced at worst: 12 dense steps (betas 0.9, 0.99), then every byte of its credit (1x the
+        # method's own bytes, less the dense steps') spent on momentum syncs over the planned run
+        steps = cfg["search"]["steps"]
+        direct, every, dense = sim(top["method"], None), sim(top["method"], 1), sim("allreduce", None)
+        syncs = max(0, math.floor((direct.bytes_sent_per_rank * (steps - 12) - 12 * dense.bytes_sent_per_rank)
+                                  / (every.bytes_sent_per_rank - direct.bytes_sent_per_rank)))
+        step = direct.step_seconds + syncs / (steps - 12) * every.momentum_sync_seconds
+        assert cfg["predicted"]["dense_steps"] == 12 and "dense_warmup" not in cfg["optimizer"]
+        assert cfg["predicted"]["run_step_seconds"] == pytest.approx(
+            (12 * dense.step_seconds + (steps - 12) * step) / steps, rel=1e-12)
+    else:
+        k = None if top["momentum_sync"] == "none" else int(top["momentum_sync"].split(":")[1])
+        direct = sim(top["method"], k)
+        step = direct.step_seconds
+    assert cfg["predicted"]["step_seconds"] == pytest.approx(step, rel=1e-12)
     assert cfg["predicted"]["baseline"]["step_seconds"] == pytest.approx(direct.baseline_step_seconds, rel=1e-12)
     assert cfg["cluster"]["backend"] == "gloo" and cfg["cluster"]["ranks"] == 4
     assert cfg["train"]["model"] == "char-tiny" and cfg["risk"]["level"] in ("low", "medium")
@@ -212,6 +226,21 @@ def test_pilot_ranking_by_predicted_time_to_target(monkeypatch):
     seen.clear()
     p = autotune.run_pilots(cands, steps=20, ranks=2, model="char-tiny", runner="fake", target_loss=1.5)
     assert p["target_loss"] == 1.5 and p["runs"][0]["candidate"] is cands[2]
+
+
+def test_pilot_time_to_target_of_the_guard_counts_its_dense_start(monkeypatch):
+    cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
+    res = autotune.search(cluster, 100_000, 0.01, steps=200, methods=["allreduce", "vote-1bit"],
+                          momentum_syncs=["adaptive"], bucket_mbs=[25])
+    guard = next(c for c in res.candidates if c.momentum_sync == "adaptive")
+    dense = simulate_step(cluster, "allreduce", 100_000, None, 25, 0.01).step_seconds
+    assert guard.dense_steps == 12 and guard.dense_step_seconds == pytest.approx(dense, rel=1e-12)
+    curve = [5.0 - 0.1 * t for t in range(1, 21)]  # the smoothed loss reaches 3.5 at step 15 or 16
+    fake = lambda cfg, ranks, cluster=None: {"final_loss": curve[-1], "records": [{"loss": x} for x in curve]}
+    monkeypatch.setitem(autotune.PILOT_RUNNERS, "fake", fake)
+    (r,) = autotune.run_pilots([guard], steps=20, ranks=2, model="char-tiny", runner="fake", target_loss=3.5)["runs"]
+    hit = r["steps_to_target"]
+    assert hit > 12 and r["time_to_target"] == pytest.approx(12 * dense + (hit - 12) * guard.step_seconds, rel=1e-12)
 
 
 def test_tiny_real_pilot(capsys):

@@ -71,6 +71,8 @@ def test_autotune_recommends_a_dense_warmup_by_risk_level():
         cfg = json.loads(json.dumps(autotune.build_config(c, res, model, cluster, "t", get_profile("gloo"), "v",
                                                           steps=3000)))
         want = 0 if c.method == "allreduce" else dense_warmup_for(cfg["risk"]["level"], 3000)
+        guard = c.momentum_sync.startswith("adaptive")  # dense until the later of the warm-up and its start
+        assert c.dense_steps == (max(want, 12) if guard else want), c.method
         assert cfg["optimizer"].get("dense_warmup", 0) == cfg["train"].get("dense_warmup", 0) == want, c.method
         levels.add(cfg["risk"]["level"])
         opt = LionCub(torch.nn.Linear(3, 3).parameters(), **cfg["optimizer"])  # both accept it

@@ -47,6 +47,16 @@ def test_bytes_per_rank_fall_with_the_node_size():
     assert out[0]["node", True] == pytest.approx(node, rel=0.01) and out[0]["node", False] == 0
 
 
+def test_adaptive_guard_credit_counts_only_bytes_that_leave_the_node():
+    start, steps = 2, 5
+    for r in spawn(hier_cases.guard_credit, 4, 2, start, steps):
+        assert r["syncs"] == 0
+        cross = [sent - node for sent, node in r["rows"]]
+        assert all(node > sent / 2 for sent, node in r["rows"][start:])  # the node's fp32 reduce-scatter dominates
+        # budget 1: each compressed step earns its cross-node bytes, each dense start step spends its own
+        assert r["credit"] == pytest.approx(sum(cross[start:]) - sum(cross[:start]), rel=1e-12)
+
+
 def test_nonfinite_on_one_rank_skips_everywhere():
     out = spawn(hier_cases.nonfinite_on_one_rank, 4, 2, 3)
     for r in out:

@@ -37,7 +37,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
     """One row per configuration; `other_layout` maps a row's index to the same configuration in the other
     layout (flat <-> hierarchical), whose step time is a column."""
     head = ["#", "method", "levels", "momentum sync", "bucket", "layout", "algorithms", "step", "speedup",
-            "bytes/step", "risk"]
+            "run", "bytes/step", "risk"]
     if other_layout is not None:
         head.insert(8, "other layout")
     body = []
@@ -45,6 +45,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
         row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
                "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
+               f"{c.run_speedup:.2f}x" + (f" ({c.dense_steps} dense)" if c.dense_steps else ""),
                format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
         if other_layout is not None:
             t = other_layout.get(i - 1)
@@ -290,7 +291,8 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
         other = {"flat": "hierarchical", "hierarchical": "flat"}
         twins = {i: result.twin(c, other[c.layout]) for i, c in enumerate(rows)}
     say(("fastest configurations" if args.top else "fastest configuration of each method") + ", ranked by "
-        "predicted step time (speedup over the baseline above; bytes sent per rank per step; layout: flat, or "
+        "predicted mean step over the planned run (step and speedup: after the start; run: the speedup over the "
+        "whole run, its dense start steps included; bytes sent per rank per step; layout: flat, or "
         f"LionCub's hierarchical with nodes of {sp['node_size']}"
         + ("; other layout: the same configuration's step in the other layout" if twins else "") + "):")
     say(format_table(rows, rec, twins))

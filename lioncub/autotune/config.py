@@ -60,7 +60,7 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
     if c.layout == "hierarchical":
         opt["hierarchical"] = train["hierarchical"] = True
         opt["node_size"] = train["node_size"] = cluster.gpus_per_node
-    warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)
+    warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)  # the guard's own start may be longer
     if warmup:
         opt["dense_warmup"] = train["dense_warmup"] = warmup
     if model.builtin:
@@ -77,6 +77,7 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
         "collective": collective_section(c, backend or profile.name),
         "predicted": {
             "step_seconds": c.step_seconds, "speedup": c.speedup, "bytes_sent_per_rank": c.bytes_per_step,
+            "dense_steps": c.dense_steps, "run_step_seconds": c.run_step_seconds, "run_speedup": c.run_speedup,
             "compute_seconds": c.compute_seconds, "codec_seconds": c.codec_seconds,
             "optimizer_seconds": c.optimizer_seconds, "communication_seconds": c.communication_seconds,
             "exposed_communication_seconds": c.exposed_communication_seconds,

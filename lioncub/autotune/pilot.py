@@ -130,11 +130,18 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
     for r in runs:
         hit = next((i + 1 for i, x in enumerate(r["curve"]) if x <= target), None)
         r["steps_to_target"] = hit
-        r["time_to_target"] = None if hit is None else hit * r["candidate"].step_seconds
+        r["time_to_target"] = None if hit is None else _seconds_to_step(r["candidate"], hit)
     runs.sort(key=lambda r: (r["time_to_target"] is None,
                              r["time_to_target"] if r["time_to_target"] is not None else r["train_loss"]))
     return dict(steps=steps, ranks=ranks, model=model, runner=runner, target_loss=target, target_basis=basis,
                 window=window, runs=runs)
+
+
+def _seconds_to_step(c: Candidate, n: int) -> float:
+    """Predicted time of a pilot's first n steps: the adaptive guard runs its dense start in the pilot too
+    (a recommended dense warm-up is not part of a pilot)."""
+    start = min(n, c.dense_steps) if c.momentum_sync.startswith("adaptive") else 0
+    return start * c.dense_step_seconds + (n - start) * c.step_seconds
 
 
 def pilot_verdict(rec: Candidate, verdict: str, pilot: dict) -> tuple[Candidate, str]:

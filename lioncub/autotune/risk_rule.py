@@ -59,7 +59,10 @@ Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1
 Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']}
 Dense warm-up (LionCub(dense_warmup=K), `lioncub train --dense-warmup K`): the config recommends
 K = {DENSE_WARMUP['medium']} steps at medium risk and {DENSE_WARMUP['high']} at high (none at low), at most a
-tenth of the planned run (as PowerSGD's start_powerSGD_iter, 1-bit Adam's freeze_step); not on the map."""
+tenth of the planned run (as PowerSGD's start_powerSGD_iter, 1-bit Adam's freeze_step); not on the map.
+The adaptive guard starts dense itself (12 steps for betas 0.9, 0.99), so at low risk it needs none; a
+longer warm-up covers its start. Autotune ranks by the mean step over the planned run, each dense step priced
+as an allreduce step, and the guard's syncs at worst (its whole byte credit spent)."""
 
 
 def dense_warmup_for(level: str, steps: int) -> int:

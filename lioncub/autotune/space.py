@@ -14,7 +14,7 @@ from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
 from lioncub.simulator.step import DDP_BUCKET_MB
 from lioncub.simulator.units import format_time, parse_byte_rate
 
-from .risk_rule import MEASURED_AT, _sync_steps, risk
+from .risk_rule import MEASURED_AT, _sync_steps, dense_warmup_for, risk
 
 # ---------------------------------------------------------------------------------------------------------
 # the search
@@ -26,13 +26,13 @@ BASELINE_BUCKET_MB = DDP_BUCKET_MB  # the reference: PyTorch DDP's default bucke
 
 
 def default_schedules(steps: int) -> list[str]:
-    """none, every:K for K < steps, first:1:M and first:8:M with M = steps // 10, geometric:K."""
+    """none, every:K for K < steps, first:1:M and first:8:M with M = steps // 10, geometric:K, adaptive."""
     out = ["none"] + [f"every:{k}" for k in EVERY_KS if k < steps]
     m = steps // 10
     if m >= 2:
         out += [f"first:1:{m}"] + ([f"first:8:{m}"] if m > 8 else [])
     out += [f"geometric:{k}" for k in GEOMETRIC_KS]
-    return out
+    return out + ["adaptive"]
 
 
 def normalize_schedule(text: str) -> str:
@@ -83,6 +83,12 @@ class Candidate:
     syncs_per_step: float
     collectives: list = field(default_factory=list)
     risk: dict = field(default_factory=dict)
+    # the planned run's first dense steps: the adaptive guard's start, or the dense warm-up the config
+    # recommends at medium or high risk (LionCub(dense_warmup=K)); each costs an allreduce step
+    dense_steps: int = 0
+    dense_step_seconds: float = 0.0  # one of them: an allreduce step in the same buckets
+    run_step_seconds: float = 0.0  # the mean step over the planned run, dense steps included
+    run_speedup: float = 0.0
 
     @property
     def dense(self) -> bool:
@@ -192,7 +198,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr))
     order = {m: i for i, m in enumerate(registry.NAMES)}
-    cands.sort(key=lambda c: (c.step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
+    cands.sort(key=lambda c: (c.run_step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
     ranked = [c for c in cands if c.risk["score"] <= max_risk]
     space = dict(space, algorithms=algorithms, steps=steps,
                  algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
@@ -253,11 +259,34 @@ def _risk(method, levels, sync, layout, space, steps, beta2, share, regime) -> d
     return risk(method, N, levels, sync, steps, beta2, _share=share, **regime)
 
 
+def _credit_bytes(r, layout: str, G: int) -> float:
+    """The bytes per rank the adaptive guard's credit counts (LionCub._credit_bytes): those that leave the
+    node in the hierarchical layout (the NIC's bytes over its G ranks), every byte sent in the flat one."""
+    return r.nic_bytes_per_node / G if layout == "hierarchical" else r.bytes_sent_per_rank
+
+
+def _guard_price(s: str, steps: int, beta2: float, warmup: int, step_bytes: float, dense_bytes: float,
+                 sync_bytes: float) -> tuple[int, float]:
+    """(dense steps, syncs per compressed step) of the adaptive guard `s` in a `steps`-step run after a
+    dense warm-up of `warmup` steps, at worst: its whole byte credit spent on syncs (how many it makes
+    depends on the ranks' agreement). As in LionCub, the run is dense until the later of the warm-up and
+    the guard's start, and only the start's steps after the warm-up are charged to the credit."""
+    sched = schedules.resolve(schedules.parse(s))
+    start = sched.start_steps([(0.9, beta2)])  # LionCub's default beta1
+    dense = min(steps, max(warmup, start))
+    rest = steps - dense
+    credit = sched.budget * step_bytes * rest - max(0, min(start, steps) - warmup) * dense_bytes
+    if rest == 0 or sync_bytes <= 0 or credit < sync_bytes:
+        return dense, 0.0
+    return dense, min(rest, math.floor(credit / sync_bytes)) / rest
+
+
 def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress,
                     regime=None) -> list[Candidate]:
     """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
-    no-sync step plus their syncs per step times one sync."""
-    N = cluster.ranks
+    no-sync step plus their syncs per step times one sync. The planned run's dense steps (the adaptive
+    guard's start; the dense warm-up at medium or high risk) cost an allreduce step each."""
+    N, G = cluster.ranks, cluster.gpus_per_node
     groups = [(m, lv, b, lay) for m in space["methods"] for lay in space["layouts"]
               if lay == "flat" or not registry.get(m).dense
               for lv in (space["l1_levels_by_layout"][lay] if registry.get(m).uses_levels else [None])
@@ -269,15 +298,21 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
         bar = tqdm(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
     share: dict = {}
     rates: dict = {}
+    dense: dict = {}
     cands: list[Candidate] = []
     try:
         for m, lv, b, lay in groups:
             def sim(k, m=m, lv=lv, b=b, hier=lay == "hierarchical"):
                 return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=hier, **step_kw)
 
+            if b not in dense:  # a dense step: the gradients' allreduce in the same buckets
+                dense[b] = simulate_step(cluster, "allreduce", params, None, b, **step_kw)
             r0 = sim(None)
             per_sync = None
             for s in (["none"] if registry.get(m).dense or N == 1 else space["momentum_syncs"]):
+                rk = _risk(m, lv, s, lay, space, steps, beta2, share, regime)
+                # the dense warm-up the config recommends at this risk (the guard's start may run longer)
+                start = 0 if registry.get(m).dense or N == 1 else dense_warmup_for(rk["level"], steps)
                 if s == "none":
                     r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
                 elif s.startswith("every:"):
@@ -286,12 +321,19 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                 else:
                     if per_sync is None:
                         r1 = sim(1)
-                        per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank)
-                    if s not in rates:
-                        rates[s] = len(_sync_steps(s, steps)) / steps
-                    r, rate = r0, rates[s]
+                        per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
+                                    _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
+                    if s.startswith("adaptive"):
+                        start, rate = _guard_price(s, steps, beta2, start, _credit_bytes(r0, lay, G),
+                                                   _credit_bytes(dense[b], lay, G), per_sync[2])
+                    else:
+                        if s not in rates:
+                            rates[s] = len(_sync_steps(s, steps)) / steps
+                        rate = rates[s]
+                    r = r0
                     extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
                 step = r.step_seconds + extra_t
+                run_step = (start * dense[b].step_seconds + (steps - start) * step) / steps
                 cands.append(Candidate(
                     method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
                     compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
@@ -301,7 +343,9 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                     momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
                     bytes_per_step=r.bytes_sent_per_rank + extra_b,
                     speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=_risk(m, lv, s, lay, space, steps, beta2, share, regime)))
+                    collectives=r.collectives, risk=rk, dense_steps=start,
+                    dense_step_seconds=dense[b].step_seconds if start else 0.0, run_step_seconds=run_step,
+                    run_speedup=base_step / run_step if run_step > 0 else math.inf))
             if bar is not None:
                 bar.update(1)
     finally:
@@ -331,15 +375,17 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
         verdict = (f"compression does not pay here: the allreduce baseline is fastest "
                    f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
                    f"the compressed methods' does, and they add codec time). Use allreduce.")
-    elif ar is not None and ar.step_seconds / best.step_seconds < min_speedup:
+    elif ar is not None and ar.run_step_seconds / best.run_step_seconds < min_speedup:
         verdict = (f"compression does not pay enough: the best compressed configuration ({best.label()}) is only "
-                   f"{ar.step_seconds / best.step_seconds:.2f}x faster than allreduce (< --min-speedup "
+                   f"{ar.run_step_seconds / best.run_step_seconds:.2f}x faster than allreduce (< --min-speedup "
                    f"{min_speedup:g}) for {best.risk['level']} convergence risk. Use allreduce.")
         best = ar
     else:
         ref = ar.step_seconds / best.step_seconds if ar is not None else None
+        start = (f"; {best.run_speedup:.2f}x over the whole run, whose first {best.dense_steps} steps are dense"
+                 if best.dense_steps else "")
         verdict = (f"{best.method} pays: {best.speedup:.2f}x the default allreduce step"
-                   + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "")
+                   + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "") + start
                    + f", {best.risk['level']} convergence risk ({best.risk['score']:.2f}).")
     if notes:
         verdict += " Note: " + "; ".join(notes) + "."
