@@ -180,8 +180,10 @@ def plot(res: dict, path: str) -> None:
     ax.set_xticks(range(len(regs)), [f"N={n}\nb={b}\nlr={lr:g}" for n, b, lr in regs], fontsize=7)
     ax.set_yticks(range(len(configs)), configs, fontsize=8)
     fig.colorbar(im, ax=ax, label="final eval loss vs allreduce (%)")
+    counts = sorted({len(x["seeds"]) for x in cells})  # cells may have different seed counts
+    seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     ax.set_title(f"{res['model']}, {res['steps']} steps: loss vs the allreduce baseline (mean ± standard error over "
-                 f"{len(res['grid']['seeds'])} seeds)", fontsize=9)
+                 f"{seeds} seeds)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 
