@@ -57,8 +57,8 @@ def implementation(tensor):
 
 
 def all_finite(tensors) -> bool:
-    """Whether every element of a tensor, or of every tensor in a sequence, is finite: one read pass each
-    and one host sync in all (a sync per bucket stalls the GPU's queue; the same code on CPU and GPU)."""
+    """Whether every element of every tensor in the sequence is finite: one read pass each and one host
+    sync in all (a sync per bucket stalls the GPU's queue; the same code on CPU and GPU)."""
     return reference.all_finite(tensors)
 
 

@@ -178,13 +178,15 @@ def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> N
         momentum_update_(m[s:e], g[s:e], beta2)
 
 
+def finite_flag(t: torch.Tensor) -> torch.Tensor:
+    """A 0-dim bool tensor on t's device, no host sync: one read pass, and a sum is finite iff every element
+    is (a sum that overflows float32 also says no)."""
+    return torch.isfinite(t.sum(dtype=torch.float32))
+
+
 def all_finite(tensors) -> bool:
-    """One read pass per tensor and one host sync: a sum is finite iff every element is (a sum that
-    overflows float32 also says no)."""
-    if isinstance(tensors, torch.Tensor):
-        return bool(torch.isfinite(tensors.sum(dtype=torch.float32)))
-    sums = [t.sum(dtype=torch.float32) for t in tensors]
-    return not sums or bool(torch.isfinite(torch.stack(sums)).all())
+    """Whether every tensor of the sequence is all finite: one host sync in all."""
+    return not tensors or bool(torch.stack([finite_flag(t) for t in tensors]).all())
 
 
 # --- the compressed step: pre-pass, quantize-and-pack, vote, unpack-and-apply ---------------------------
@@ -229,7 +231,7 @@ def prepass(codec: Codec, g, m, *, beta1: float, offsets: list[int], levels: int
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device))
             sums[seg] += _sum_abs(c)
         return torch.isfinite(sums).all(), l1_multipliers(sums, offsets, levels)
-    return torch.isfinite(g.sum(dtype=torch.float32)), None
+    return finite_flag(g), None
 
 
 def l1_levels(c: torch.Tensor, mult: torch.Tensor, offsets: list[int], levels: int) -> torch.Tensor:

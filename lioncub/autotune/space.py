@@ -311,8 +311,9 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
             per_sync = None
             for s in (["none"] if registry.get(m).dense or N == 1 else space["momentum_syncs"]):
                 rk = _risk(m, lv, s, lay, space, steps, beta2, share, regime)
-                # the dense warm-up the config recommends at this risk (the guard's start may run longer)
-                start = 0 if registry.get(m).dense or N == 1 else dense_warmup_for(rk["level"], steps)
+                # the dense warm-up the config recommends at this risk (none at low risk, as for allreduce;
+                # the guard's start may run longer)
+                n_dense = dense_warmup_for(rk["level"], steps)
                 if s == "none":
                     r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
                 elif s.startswith("every:"):
@@ -324,7 +325,7 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                         per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
                                     _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
                     if s.startswith("adaptive"):
-                        start, rate = _guard_price(s, steps, beta2, start, _credit_bytes(r0, lay, G),
+                        n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
                                                    _credit_bytes(dense[b], lay, G), per_sync[2])
                     else:
                         if s not in rates:
@@ -333,7 +334,7 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                     r = r0
                     extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
                 step = r.step_seconds + extra_t
-                run_step = (start * dense[b].step_seconds + (steps - start) * step) / steps
+                run_step = (n_dense * dense[b].step_seconds + (steps - n_dense) * step) / steps
                 cands.append(Candidate(
                     method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
                     compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
@@ -343,8 +344,8 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
                     momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
                     bytes_per_step=r.bytes_sent_per_rank + extra_b,
                     speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=rk, dense_steps=start,
-                    dense_step_seconds=dense[b].step_seconds if start else 0.0, run_step_seconds=run_step,
+                    collectives=r.collectives, risk=rk, dense_steps=n_dense,
+                    dense_step_seconds=dense[b].step_seconds if n_dense else 0.0, run_step_seconds=run_step,
                     run_speedup=base_step / run_step if run_step > 0 else math.inf))
             if bar is not None:
                 bar.update(1)
