@@ -60,7 +60,9 @@ def test_fast_network_small_model_recommends_the_baseline():
     check_against_simulator(res, cluster, params, compute)
     expected = {("allreduce", None, "none", b) for b in (4, 25)}  # the search space
     for m in methods.NAMES[1:]:
-        for lv in (autotune.l1_levels_candidates(8) if m == "l1-pbit" else [None]):
+        # more levels than the default only where the rule extrapolates in N (it gives them no benefit)
+        l1 = autotune.l1_levels_candidates(8) if 8 > autotune.MEASURED_AT else [127 // 8]
+        for lv in (l1 if m == "l1-pbit" else [None]):
             expected |= {(m, lv, s, b) for s in SCHEDS for b in (4, 25)}
     assert {(c.method, c.levels, c.momentum_sync, c.bucket_mb) for c in res.candidates} == expected
     best_ar = next(c for c in res.ranked if c.method == "allreduce")
@@ -83,10 +85,11 @@ def test_fast_network_small_model_recommends_the_baseline():
 def test_adaptive_guard_is_priced_as_its_dense_start_and_its_whole_credit(steps):
     # the guard's cost at worst: momentum_lead_step(0.9, 0.99) = 12 dense steps, then syncs for every byte of
     # credit (budget 1: the method's own bytes per compressed step, less the start's); a short run earns none
-    cluster = Cluster.for_ranks(8, bandwidth="1Gbit", latency="50us")
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="50us")  # the guard is low risk at 4 ranks
     params, compute = 50_000_000, 0.1
     res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
                           momentum_syncs=["adaptive"])
+    assert res.candidates[0].risk["level"] == "low"
     (c,) = res.candidates
     sim = lambda method, k: simulate_step(cluster, method, params, k, 25, compute)
     plain, every, dense = sim("vote-1bit", None), sim("vote-1bit", 1), sim("allreduce", None)
@@ -357,3 +360,55 @@ def test_hierarchical_risk_counts_nodes_as_voters_with_g_times_the_batch():
     assert hier.risk == autotune.risk("vote-1bit", 4, None, "none", 1000, batch_size=32, lr=7e-4)
     assert flat.risk == autotune.risk("vote-1bit", 16, None, "none", 1000, batch_size=8, lr=7e-4)
     assert hier.risk != flat.risk
+
+
+def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regimes_ran():
+    """docs/results/risk-rule-preregistered.json holds the rule's calls for the regimes procedure 3 holds out,
+    written before they ran: the committed fit (refitted since on a map that holds them) still makes them."""
+    import json
+    from pathlib import Path
+
+    from lioncub.autotune import risk_rule
+    from lioncub.train.loop import TrainConfig
+
+    assert risk_rule.LR0 == TrainConfig.lr  # the map's lr factors multiply the tuned default
+    pre = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
+                      "risk-rule-preregistered.json").read_text())
+    assert pre["fit"]["entries"] == risk_rule.FIT["entries"]
+    assert {c["regime"] for c in pre["calls"] if ":" not in c["regime"]} == set(risk_rule.FRESH)
+    assert set(risk_rule.FRESH) <= set(risk_rule.HELD_OUT)
+    for c in pre["calls"]:
+        n, b, x = risk_rule.parse_regime(c["regime"].rpartition(":")[2])
+        method, _, sync = c["config"].partition("@")
+        r = autotune.risk(method, n, None, sync or "none", pre["steps"], batch_size=b, lr=x * risk_rule.LR0)
+        assert (r["level"], r["score"]) == (c["level"], c["score"])
+    with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
+        risk_rule.parse_regime("N4-b16")
+
+
+def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_file(tmp_path, capsys):
+    import json
+
+    from lioncub.autotune import risk_rule
+
+    lr0 = risk_rule.LR0
+    cell = lambda config, ratio, n=4: dict(config=config, ranks=n, batch_size=16, lr=lr0, ratio=ratio, se=0.0,
+                                           seeds=[0, 1])
+    # N2-b16-x1 is a construction regime of the char-tiny map, but a map of another model is held out whole
+    other = dict(model="char-medium", steps=200, cells=[cell("allreduce", 1.0), cell("vote-1bit", 1.01),
+                                                        cell("vote-1bit@adaptive", 1.05), cell("vote-1bit", 1.0, 2)])
+    path = tmp_path / "medium.json"
+    path.write_text(json.dumps(other))
+    out = tmp_path / "check.json"
+    assert risk_rule.main(["check", str(path), "--check-output", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert [c["regime"] for c in res["cells"]] == ["char-medium:N4-b16-x1"] * 2 + ["char-medium:N2-b16-x1"]
+    want = [autotune.risk(c["config"].partition("@")[0], c["ranks"], None, c["config"].partition("@")[2] or "none",
+                          200)["level"] for c in other["cells"][1:]]
+    assert [c["level"] for c in res["cells"]] == want
+    assert [c["within_2pct"] for c in res["cells"]] == [True, False, True]
+    assert res["fit"]["entries"] == risk_rule.FIT["entries"]  # check does not refit
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        risk_rule.main(["check", str(tmp_path / "nope.json")])
+    assert e.value.code == 2 and "no file" in capsys.readouterr().err

@@ -117,8 +117,8 @@ def test_text_output_says_when_compression_does_not_pay(tmp_path, capsys):
 
 
 def test_max_risk_and_top(capsys):
-    # 8 ranks: on the convergence map, where the risk rule can call a compressed method low
-    args = ["--params", "100M", "--compute-seconds", "0.1", "--ranks", "8", "--bandwidth", "1Gbit",
+    # 4 ranks: on the convergence map, where the risk rule can call a compressed method low
+    args = ["--params", "100M", "--compute-seconds", "0.1", "--ranks", "4", "--bandwidth", "1Gbit",
             "--bucket-mb", "25,100", "--momentum-sync", "none,every:1,every:8,every:64"]
     out = run_json(capsys, *args, "--max-risk", "low", "--top", "5")
     assert len(out["ranked"]) == 5 and all(r["risk"]["level"] == "low" for r in out["ranked"])

@@ -50,6 +50,36 @@ def test_grid_cli_passes_its_base_lr_to_the_grid(monkeypatch):
     seen = {}
     monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
     assert main(["bench", "convergence", "--grid", "--lr", "3e-4", "--lr-factors", "1,2"]) == 0
-    assert seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
+    assert seen.pop("device") == "cpu" and seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
     assert [r["lr"] for r in cm.runs(configs=("allreduce",), seeds=(0,), worlds=(2,), batches=(8,), **seen)] == [
         3e-4, 6e-4]
+
+
+def test_parts_of_another_model_steps_or_device_are_never_merged_or_resumed_into(tmp_path):
+    base = dict(config="allreduce", seed=0, ranks=2, batch_size=8, lr=1e-3, method="allreduce", momentum_sync="none",
+                final_loss=2.0, train_loss=2.0, bytes_per_step=1.0, momentum_syncs=0, agreement=None,
+                final_agreement=None, mean_step_seconds=0.1, wall_seconds=1.0)
+    old = tmp_path / "old.json"  # written before parts recorded their device: it ran on the CPU
+    old.write_text(json.dumps(dict(model="char-tiny", steps=200, runs=[base])))
+    same = tmp_path / "same.json"
+    same.write_text(json.dumps(dict(model="char-tiny", steps=200, device="cpu", runs=[dict(base, seed=1)])))
+    assert cm.merge([str(old), str(same)])["device"] == "cpu"
+    for other in (dict(model="char-medium"), dict(steps=100), dict(device="cuda")):
+        p = tmp_path / "other.json"
+        p.write_text(json.dumps(dict(dict(model="char-tiny", steps=200, device="cpu"), **other, runs=[base])))
+        with pytest.raises(ValueError, match="merge each apart"):
+            cm.merge([str(old), str(p)])
+        with pytest.raises(ValueError, match="give another --output"):  # before any run starts
+            cm.run_grid(None, str(p), configs=("allreduce",), seeds=(0,), worlds=(2,), batches=(8,),
+                        lr_factors=(1.0,))
+
+
+def test_grid_cli_passes_the_device_and_refuses_it_without_grid(monkeypatch, capsys):
+    from lioncub.cli import main
+
+    seen = {}
+    monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
+    assert main(["bench", "convergence", "--grid", "--device", "cuda"]) == 0
+    assert seen["device"] == "cuda"
+    assert main(["bench", "convergence", "--device", "cuda"]) != 0
+    assert "--device: only with --grid" in capsys.readouterr().err

@@ -210,11 +210,23 @@ def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps:
 
 # --- fitting the rule to the map (python -m lioncub.autotune.risk_rule fit docs/results/convergence-map.json) ---
 
-# regimes (world, batch per rank, lr / tuned lr) kept out of the fit: three of the 2- and 4-rank ones, every
-# 8-rank one (the fit sees N = 2 and 4 only, so N = 8 checks its extrapolation), and batch 32 (held out
-# before it was run, to test the batch direction the eight-seed map suggested)
-HELD_OUT = ("N2-b16-x2", "N4-b8-x1", "N4-b16-x2", "N8-b8-x1", "N8-b8-x2", "N8-b16-x1", "N8-b16-x2",
-            "N2-b32-x1", "N4-b32-x1")
+# regimes (world, batch per rank, lr / tuned lr) kept out of the fit. Procedure 3 (2026-11-26, fixed before any
+# of its new regimes ran): the fit sees N = 2, 4 and 8 at the tuned lr (three world sizes, so an N slope is
+# fitted; procedure 2 saw N <= 4 and its misses were all at N = 8); held out are the five regimes procedure 2
+# held out at N <= 4 and seven not yet run (FRESH), whose calls are recorded in
+# docs/results/risk-rule-preregistered.json before they ran
+FRESH = ("N2-b16-x0.5", "N4-b16-x0.5", "N4-b12-x1", "N6-b16-x1", "N8-b32-x1", "N8-b8-x2", "N8-b16-x2")
+HELD_OUT = ("N2-b16-x2", "N4-b8-x1", "N4-b16-x2", "N2-b32-x1", "N4-b32-x1") + FRESH
+
+
+def parse_regime(text: str) -> tuple[int, int, float]:
+    """'N6-b16-x0.5' -> (ranks 6, batch per rank 16, lr factor 0.5 over the fit's lr0)."""
+    import re
+
+    m = re.fullmatch(r"N(\d+)-b(\d+)-x([0-9.]+)", text.strip())
+    if not m:
+        raise ValueError(f"a regime is N<ranks>-b<batch per rank>-x<lr / lr0>, e.g. N4-b16-x1; got {text!r}")
+    return int(m[1]), int(m[2]), float(m[3])
 
 
 def _regime_id(cell: dict, lr0: float) -> str:
@@ -254,10 +266,12 @@ def _nnls_slopes(X: list[list[float]], y: list[float]) -> list[float]:
     return best
 
 
-def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
+LR0 = 5e-4  # the tuned default lr (TrainConfig.lr) the map's lr factors multiply: x_lr = 0 there
+
+
+def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float = LR0) -> dict:
     """The rule's entries from a merged convergence map, and its check on the held-out regimes."""
     cells = map_res["cells"]
-    lr0 = min(c["lr"] for c in cells)
     world0 = min(c["ranks"] for c in cells)
     entries = {}
     by_config: dict = {}
@@ -276,9 +290,8 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
         a, s_lr, s_b, s_n = _nnls_slopes(XN, [c["ratio"] - 1 for c in train])
         # the noise of the cell's mean over seeds (mostly the baseline's own instability, which the map shows
         # growing with lr and small batches): its standard error, the seeds' half-range where there are two;
-        # no N term (two world sizes cannot tell an N trend of the noise from the noise)
-        noise = [max(0.0, v) for v in _nnls_slopes([x[:3] + [0.0] for x in X], [_standard_error(c) for c in train])[:3]]
-        noise.append(0.0)
+        # an N term on the same condition as the mean's
+        noise = [max(0.0, v) for v in _nnls_slopes(XN, [_standard_error(c) for c in train])]
         method, _, sync = config.partition("@")
         entries[f"{method}|{sync or 'none'}"] = dict(
             a=round(a, 5), lr=round(s_lr, 5), batch=round(s_b, 5), world=round(s_n, 5),
@@ -294,19 +307,23 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16) -> dict:
 
 def check(map_res: dict, fitted: dict) -> dict:
     """On the held-out regimes: of the (regime, configuration) cells the rule calls low risk, the share
-    whose measured mean loss is within 2% of the baseline."""
+    whose measured mean loss is within 2% of the baseline. A map of another model than the fit's is held
+    out whole."""
     global FIT
     saved, FIT = FIT, fitted
+    other_model = map_res["model"] != fitted["model"]
     try:
         rows = []
         for c in map_res["cells"]:
-            if c["config"] == "allreduce" or _regime_id(c, fitted["lr0"]) not in fitted["held_out"]:
+            held = other_model or _regime_id(c, fitted["lr0"]) in fitted["held_out"]
+            if c["config"] == "allreduce" or not held:
                 continue
             method, _, sync = c["config"].partition("@")
             if f"{method}|{sync or 'none'}" not in fitted["entries"]:
                 continue
             r = risk(method, c["ranks"], None, sync or "none", map_res["steps"], batch_size=c["batch_size"], lr=c["lr"])
-            rows.append(dict(config=c["config"], regime=_regime_id(c, fitted["lr0"]), level=r["level"],
+            regime = (f"{map_res['model']}:" if other_model else "") + _regime_id(c, fitted["lr0"])
+            rows.append(dict(config=c["config"], regime=regime, level=r["level"],
                              score=r["score"], measured=round(c["ratio"] - 1, 5), within_2pct=c["ratio"] <= 1.02))
         low = [r for r in rows if r["level"] == "low"]
         hits = sum(r["within_2pct"] for r in low)
@@ -332,24 +349,47 @@ def main(argv=None) -> int:
     import os
 
     p = argparse.ArgumentParser(prog="python -m lioncub.autotune.risk_rule")
-    p.add_argument("command", choices=["fit"])
-    p.add_argument("map", help="merged convergence map JSON (lioncub bench convergence --merge ... --output)")
-    p.add_argument("--check-output", help="write the held-out check here (JSON)")
+    p.add_argument("command", choices=["fit", "check", "calls"],
+                   help="fit: refit to MAP and check it on its held-out regimes; check: the committed fit on MAP's "
+                        "held-out regimes (all of them for another model); calls: the committed fit's calls for "
+                        "the regimes named by --regimes (a pre-registration)")
+    p.add_argument("map", nargs="?", help="a merged convergence map JSON (lioncub bench convergence --merge)")
+    p.add_argument("--check-output", help="write the check (fit, check) or the calls (calls) here (JSON)")
+    p.add_argument("--regimes", default=",".join(FRESH), help="calls: comma-separated N<ranks>-b<batch>-x<lr/lr0>")
+    p.add_argument("--configs", default="vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive", help="calls: method[@sync]")
+    p.add_argument("--steps", type=int, default=200, help="calls: the run's steps (the map's: 200)")
     args = p.parse_args(argv)
+    if args.command == "calls":
+        rows = []
+        for reg in args.regimes.split(","):
+            n, b, x = parse_regime(reg)
+            for config in args.configs.split(","):
+                method, _, sync = config.partition("@")
+                r = risk(method, n, None, sync or "none", args.steps, batch_size=b, lr=x * FIT["lr0"])
+                rows.append(dict(regime=reg.strip(), config=config, level=r["level"], score=r["score"]))
+                print(f"  {reg.strip():<14} {config:<20} {r['level']:<6} score {r['score']:.3f}")
+        if args.check_output:
+            with open(args.check_output, "w") as f:
+                json.dump(dict(fit=FIT, steps=args.steps, calls=rows), f, indent=1)
+        return 0
+    if not args.map or not os.path.isfile(args.map):
+        p.error(f"{args.command} needs MAP, a convergence map JSON" + (f"; no file {args.map}" if args.map else ""))
     with open(args.map) as f:
         map_res = json.load(f)
-    fitted = fit(map_res)
+    fitted = fit(map_res) if args.command == "fit" else FIT
     result = check(map_res, fitted)
     rate = result["hit_rate"]
-    fitted["check"] = (f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
-                       + (f" ({100 * rate:.0f}%)" if rate is not None else "")
-                       + f"; {result['within_2pct']} of the {result['held_out_cells']} held-out cells were within 2%, "
-                       + f"{result['low_within_2pct']} of them called low")
-    _write_fit(fitted, os.path.join(os.path.dirname(__file__), "risk_fit.py"))
+    check_text = (f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
+                  + (f" ({100 * rate:.0f}%)" if rate is not None else "")
+                  + f"; {result['within_2pct']} of the {result['held_out_cells']} held-out cells were within 2%, "
+                  + f"{result['low_within_2pct']} of them called low")
+    fitted = dict(fitted, check=check_text)
+    if args.command == "fit":
+        _write_fit(fitted, os.path.join(os.path.dirname(__file__), "risk_fit.py"))
     if args.check_output:
         with open(args.check_output, "w") as f:
             json.dump(dict(fit=fitted, **result), f, indent=1)
-    print(fitted["check"])
+    print(check_text)
     for r in result["cells"]:
         print(f"  {r['regime']:<14} {r['config']:<20} {r['level']:<6} score {r['score']:.2f}  measured "
               f"{100 * r['measured']:+.1f}%")

@@ -70,24 +70,33 @@ def _key(run: dict) -> tuple:
     return (run["config"], run["ranks"], run["batch_size"], run["lr"], run["seed"])
 
 
+def _setting(d: dict) -> dict:
+    """What must match for two parts' runs to be compared (parts written before `device` was recorded ran on
+    the CPU)."""
+    return dict(model=d["model"], steps=d["steps"], device=d.get("device", "cpu"))
+
+
 def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int = STEPS, model: str = MODEL,
-             seeds=SEEDS, lr: float | None = None, **grid) -> dict:
+             seeds=SEEDS, lr: float | None = None, device: str = "cpu", **grid) -> dict:
     from lioncub import schedules
     from lioncub.train.loop import TrainConfig, train_local
 
     todo = part_of(runs(configs, seeds, lr, **grid), part)
-    done = []
+    res = dict(model=model, steps=steps, device=device, part=part, runs=[])
     if output and os.path.exists(output):
         with open(output) as f:
-            done = json.load(f).get("runs", [])
-    have = {_key(r) for r in done}
-    res = dict(model=model, steps=steps, part=part, runs=done)
+            prev = json.load(f)
+        if _setting(prev) != _setting(res):
+            raise ValueError(f"{output} holds runs of {_setting(prev)}, not {_setting(res)}: "
+                             "give another --output")
+        res["runs"] = prev.get("runs", [])
+    have = {_key(r) for r in res["runs"]}
     for run in todo:
         if _key(run) in have:
             continue
         method, sync = split_config(run["config"])
         cfg = TrainConfig(model=model, method=method, momentum_sync=sync, steps=steps, lr=run["lr"],
-                          batch_size=run["batch_size"], seed=run["seed"])
+                          batch_size=run["batch_size"], seed=run["seed"], device=device)
         t0 = time.perf_counter()
         s = train_local(cfg, run["ranks"], progress=False)
         sched = schedules.resolve(schedules.parse(sync))
@@ -109,11 +118,13 @@ def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int =
 
 def merge(paths: list[str]) -> dict:
     """Join part files: per (regime, configuration) the ratio to the baseline of the same regime and seed."""
-    rows, meta = {}, {}
+    rows, meta = {}, None
     for p in paths:
         with open(p) as f:
             d = json.load(f)
-        meta = dict(model=d["model"], steps=d["steps"])
+        if meta is not None and _setting(d) != meta:
+            raise ValueError(f"{p} holds runs of {_setting(d)}, the parts before it {meta}: merge each apart")
+        meta = _setting(d)
         for r in d["runs"]:
             rows[_key(r)] = r
     base = {(r["ranks"], r["batch_size"], r["lr"], r["seed"]): r for r in rows.values() if r["config"] == "allreduce"}
@@ -201,7 +212,7 @@ def format_map(res: dict) -> str:
     return "\n".join(lines)
 
 
-GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds")
+GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds", "device")
 
 
 def run_convergence(args) -> int:
@@ -231,7 +242,7 @@ def run_convergence(args) -> int:
             grid[name] = tuple(cast(x) for x in getattr(args, name).split(","))
     seeds = tuple(int(x) for x in args.seeds.split(",")) if getattr(args, "seeds", None) else SEEDS
     res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds,
-                   lr=args.lr, **grid)
+                   lr=args.lr, device=args.device or "cpu", **grid)
     if args.json:
         print(json.dumps(res, indent=1))
     return 0
