@@ -371,7 +371,7 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
     from lioncub.autotune import risk_rule
     from lioncub.train.loop import TrainConfig
 
-    assert risk_rule.LR0 == TrainConfig.lr  # the map's lr factors multiply the tuned default
+    assert risk_rule.LR0 == TrainConfig(model=risk_rule.FIT["model"]).lr  # the map's factors multiply its default
     pre = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
                       "risk-rule-preregistered.json").read_text())
     assert pre["fit"]["entries"] == risk_rule.FIT["entries"]

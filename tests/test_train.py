@@ -114,3 +114,27 @@ def test_summary_counts_every_steps_bytes_for_the_budget():
     s = summarize(TrainConfig(steps=10), records, 1.0, 1, 2, object())
     assert s["total_bytes_sent"] == 3 * 1000 + 7 * 10
     assert s["bytes_per_step"] == pytest.approx((1000 + 7 * 10) / 8)
+
+
+def test_each_models_default_lr_is_the_best_of_its_committed_sweep():
+    """The default lr of each transformer is the lowest mean final loss of the allreduce runs in its recorded
+    sweep: char-tiny's on this machine (lr-sweep.json), char-small's and char-medium's on an H100."""
+    import glob
+    import statistics
+    from pathlib import Path
+
+    from lioncub.benchmarks import convergence_map as cm
+
+    results = Path(__file__).resolve().parent.parent / "docs" / "results"
+    tiny = json.loads((results / "lr-sweep.json").read_text())
+    best = min(tiny["table"], key=lambda row: row["mean"])
+    assert best["lr"] == tiny["chosen_default"] == TrainConfig(model="char-tiny").lr == TrainConfig().lr
+    for model in ("char-small", "char-medium"):
+        res = cm.merge(sorted(glob.glob(str(results / "models-h100" / "*" / f"{model}-s*.json"))))
+        base = {c["lr"]: c for c in res["cells"] if c["config"] == "allreduce"}
+        assert len(base) >= 3 and all(len(c["seeds"]) == 4 for c in base.values())
+        assert min(base, key=lambda lr: statistics.fmean([r["final_loss"] for r in res["runs"]
+                                                          if r["config"] == "allreduce" and r["lr"] == lr])) == \
+            TrainConfig(model=model).lr
+    with pytest.raises(ValueError, match="lr must be > 0"):
+        TrainConfig(lr=0.0)

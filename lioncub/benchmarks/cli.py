@@ -92,7 +92,7 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
     p.add_argument("--worlds", help="--grid: world sizes (default 2,4)")
     p.add_argument("--batches", help="--grid: per-rank batches (default 8,16)")
-    p.add_argument("--lr", type=float, help="--grid: the lr the factors multiply (default: lioncub train's default lr)")
+    p.add_argument("--lr", type=float, help="--grid: the lr the factors multiply (default: the model's default lr)")
     p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of --lr (default 1,2)")
     p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
     p.add_argument("--device", help="--grid: cpu (default), cuda, ...: where every rank trains (ranks share it)")

@@ -29,10 +29,10 @@ CONFIGS = ("allreduce", "vote-1bit", "vote-pbit", "l1-pbit", "vote-1bit@adaptive
            "vote-1bit@every:10")
 
 
-def _default_lr() -> float:
-    from lioncub.train.loop import TrainConfig
+def _default_lr(model: str = MODEL) -> float:
+    from lioncub.train.models import DEFAULT_LR
 
-    return TrainConfig.lr
+    return DEFAULT_LR[model]
 
 
 def regimes(lr: float | None = None, worlds=WORLDS, batches=BATCHES, lr_factors=LR_FACTORS) -> list[dict]:
@@ -81,6 +81,7 @@ def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int =
     from lioncub import schedules
     from lioncub.train.loop import TrainConfig, train_local
 
+    lr = _default_lr(model) if lr is None else lr
     todo = part_of(runs(configs, seeds, lr, **grid), part)
     res = dict(model=model, steps=steps, device=device, part=part, runs=[])
     if output and os.path.exists(output):

@@ -21,7 +21,7 @@ from lioncub.lion import Lion
 from lioncub.optim import LionCub
 from lioncub.train import DDP_LION
 from lioncub.train.data import Blobs, CharText
-from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.train.models import DEFAULT_LR, MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.transport import group_rank_size
 
 MODELS = tuple(PRESETS) + ("mlp",)
@@ -35,7 +35,7 @@ class TrainConfig:
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
-    lr: float = 5e-4  # the best of a measured sweep (docs/BENCHMARKS.md, "Default learning rate")
+    lr: float | None = None  # None: the model's DEFAULT_LR, the best of a measured sweep
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.99
@@ -63,6 +63,10 @@ class TrainConfig:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.model]
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2 or self.warmup < 0:
             raise ValueError("steps and batch_size must be >= 1, block_size >= 2 and warmup >= 0")
         schedules.parse(self.momentum_sync)  # validate early
