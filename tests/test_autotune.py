@@ -408,6 +408,13 @@ def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_fil
     assert [c["level"] for c in res["cells"]] == want
     assert [c["within_2pct"] for c in res["cells"]] == [True, False, True]
     assert res["fit"]["entries"] == risk_rule.FIT["entries"]  # check does not refit
+    # the fit's own model: its construction regimes are not checked, a regime it never saw is
+    same = dict(other, model=risk_rule.FIT["model"], cells=[cell("allreduce", 1.0, 2), cell("vote-1bit", 1.0, 2),
+                                                            cell("allreduce", 1.0, 6), cell("vote-1bit", 1.0, 6)])
+    assert "N2-b16-x1" in risk_rule.FIT["construction"] and "N6-b16-x1" not in risk_rule.FIT["construction"]
+    path.write_text(json.dumps(same))
+    assert risk_rule.main(["check", str(path), "--check-output", str(out)]) == 0
+    assert [c["regime"] for c in json.loads(out.read_text())["cells"]] == ["N6-b16-x1"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         risk_rule.main(["check", str(tmp_path / "nope.json")])

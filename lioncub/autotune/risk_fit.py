@@ -3,6 +3,7 @@
 FIT = {'batch0': 16,
  'check': '6 of 6 low-risk cells within 2% of the baseline (100%); 30 of the 30 held-out cells were within 2%, 6 '
           'of them called low',
+ 'construction': ['N2-b16-x1', 'N2-b8-x1', 'N2-b8-x2', 'N4-b16-x1', 'N4-b8-x2', 'N8-b16-x1', 'N8-b8-x1'],
  'entries': {'l1-pbit|every:10': {'a': 0.00773,
                                   'batch': 0.0,
                                   'cells': 5,

@@ -301,21 +301,22 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float = LR0) ->
                   worlds=sorted({c["ranks"] for c in cells if _regime_id(c, lr0) not in held_out}), sync_k=10,
                   map_worlds=sorted({c["ranks"] for c in cells}),
                   held_out=sorted({_regime_id(c, lr0) for c in cells} & set(held_out)),
+                  construction=sorted({_regime_id(c, lr0) for c in cells} - set(held_out)),
                   entries=entries, check="")
     return fitted
 
 
 def check(map_res: dict, fitted: dict) -> dict:
     """On the held-out regimes: of the (regime, configuration) cells the rule calls low risk, the share
-    whose measured mean loss is within 2% of the baseline. A map of another model than the fit's is held
-    out whole."""
+    whose measured mean loss is within 2% of the baseline. Held out: every regime the fit did not see (a map
+    of another model than the fit's, whole)."""
     global FIT
     saved, FIT = FIT, fitted
     other_model = map_res["model"] != fitted["model"]
     try:
         rows = []
         for c in map_res["cells"]:
-            held = other_model or _regime_id(c, fitted["lr0"]) in fitted["held_out"]
+            held = other_model or _regime_id(c, fitted["lr0"]) not in fitted["construction"]
             if c["config"] == "allreduce" or not held:
                 continue
             method, _, sync = c["config"].partition("@")
