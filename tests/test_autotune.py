@@ -283,7 +283,7 @@ def test_risk_rule_follows_the_measured_map():
 def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
     """The committed fit is what `python -m lioncub.autotune.risk_rule fit` makes of the committed map, and
     its recorded held-out check is what that fit scores on the map (whether the check reaches the issue's
-    90% is reported in docs/BENCHMARKS.md; on the committed map it does not)."""
+    90% is reported in docs/BENCHMARKS.md)."""
     import json
     from pathlib import Path
 

@@ -56,7 +56,8 @@ The fit sees N <= {MEASURED_AT} (an N slope needs three world sizes: {_n_slope_t
 checks it; beyond N = {CHECKED_UP_TO}
 (off the map) a compressed method scores at least {UNMEASURED_FLOOR} (medium): an extrapolation is not "low".
 Levels: low < {RISK_LEVELS[0][1]} (predicted within 2%), medium < {RISK_LEVELS[1][1]}, high otherwise.
-Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']}
+Checked on regimes held out of the fit ({', '.join(FIT['held_out'])}): {FIT['check']} (on the map as
+merged; the pre-registered check, four seeds and the larger models included, is in docs/BENCHMARKS.md).
 Dense warm-up (LionCub(dense_warmup=K), `lioncub train --dense-warmup K`): the config recommends
 K = {DENSE_WARMUP['medium']} steps at medium risk and {DENSE_WARMUP['high']} at high (none at low), at most a
 tenth of the planned run (as PowerSGD's start_powerSGD_iter, 1-bit Adam's freeze_step); not on the map.
