@@ -384,6 +384,9 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
         assert (r["level"], r["score"]) == (c["level"], c["score"])
     with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
         risk_rule.parse_regime("N4-b16")
+    with pytest.raises(SystemExit) as e:  # the CLI: a one-line usage error
+        risk_rule.main(["calls", "--regimes", "N4-b16"])
+    assert e.value.code == 2
 
 
 def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_file(tmp_path, capsys):

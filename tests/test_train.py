@@ -25,6 +25,7 @@ def test_train_cli_json_has_the_documented_fields(capsys):
         assert key in out and out[key] >= 0
     assert out["ranks"] == 2 and out["momentum_syncs"] == 2 and out["bytes_per_step"] > 0
     assert out["final_loss"] < 2.31  # below chance level (ln 10): it learns
+    assert out["lr"] == TrainConfig(model="mlp").lr  # the model's default, reported
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -364,7 +364,10 @@ def main(argv=None) -> int:
     if args.command == "calls":
         rows = []
         for reg in args.regimes.split(","):
-            n, b, x = parse_regime(reg)
+            try:
+                n, b, x = parse_regime(reg)
+            except ValueError as e:
+                p.error(str(e))
             for config in args.configs.split(","):
                 method, _, sync = config.partition("@")
                 r = risk(method, n, None, sync or "none", args.steps, batch_size=b, lr=x * FIT["lr0"])

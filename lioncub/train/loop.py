@@ -241,7 +241,7 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     tail = [r["loss"] for r in records[-10:]]
     agreed = [r["agreement"] for r in records if r.get("agreement") is not None]
     return dict(
-        model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps,
+        model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps, lr=cfg.lr,
         momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
