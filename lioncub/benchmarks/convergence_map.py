@@ -184,14 +184,14 @@ def plot(res: dict, path: str) -> None:
     for x in cells:
         i, j = configs.index(x["config"]), regs.index((x["ranks"], x["batch_size"], x["lr"]))
         grid[i, j], spread[i, j] = 100 * (x["ratio"] - 1), 100 * x["se"]
-    fig, ax = plt.subplots(figsize=(1.3 * len(regs) + 3, 0.6 * len(configs) + 2))
+    fig, ax = plt.subplots(figsize=(1.0 * len(regs) + 3, 0.6 * len(configs) + 2))
     im = ax.imshow(grid, cmap="RdYlGn_r", vmin=-10, vmax=10, aspect="auto")
     for i, j in itertools.product(range(len(configs)), range(len(regs))):
         if not math.isnan(grid[i, j]):
             ax.text(j, i, f"{grid[i, j]:+.1f}\n±{spread[i, j]:.1f}", ha="center", va="center", fontsize=7)
     ax.set_xticks(range(len(regs)), [f"N={n}\nb={b}\nlr={lr:g}" for n, b, lr in regs], fontsize=7)
     ax.set_yticks(range(len(configs)), configs, fontsize=8)
-    fig.colorbar(im, ax=ax, label="final eval loss vs allreduce (%)")
+    fig.colorbar(im, ax=ax, label="final eval loss vs allreduce (%)", fraction=0.025, pad=0.01)
     counts = sorted({len(x["seeds"]) for x in cells})  # cells may have different seed counts
     seeds = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
     ax.set_title(f"{res['model']}, {res['steps']} steps: loss vs the allreduce baseline (mean ± standard error over "
