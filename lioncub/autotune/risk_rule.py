@@ -11,6 +11,7 @@ SCORE_PER_EXCESS = 10.0  # score = 10 x the predicted loss excess over the basel
 DENSE_WARMUP = {"low": 0, "medium": 200, "high": 500}  # steps of allreduce first, by risk level
 ALIASES = {"vote-allgather": "vote-1bit"}  # the same update as vote-1bit (an all-gather of the same votes)
 UNMEASURED_FLOOR = 0.20  # a method the map does not hold (avg-pbit) scores at least medium
+LR0 = 5e-4  # char-tiny's default lr (models.DEFAULT_LR; this module imports no torch): the map's x_lr = 0
 
 # The fitted map (lioncub/autotune/risk_fit.py, written by `python -m lioncub.autotune.risk_rule fit MAP`)
 from .risk_fit import FIT  # noqa: E402
@@ -265,9 +266,6 @@ def _nnls_slopes(X: list[list[float]], y: list[float]) -> list[float]:
         if err < best_err - 1e-15:
             best, best_err = full, err
     return best
-
-
-LR0 = 5e-4  # the tuned default lr (TrainConfig.lr) the map's lr factors multiply: x_lr = 0 there
 
 
 def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float = LR0) -> dict:
