@@ -18,6 +18,8 @@ import statistics
 import sys
 import time
 
+from lioncub.tuned_lr import DEFAULT_LR
+
 # The grid, sized for a 2-core machine: char-tiny, 200 steps, block 64 (TrainConfig's defaults otherwise).
 # The regimes' learning rates: TrainConfig's default (the tuned one) times LR_FACTORS.
 MODEL, STEPS = "char-tiny", 200
@@ -30,8 +32,6 @@ CONFIGS = ("allreduce", "vote-1bit", "vote-pbit", "l1-pbit", "vote-1bit@adaptive
 
 
 def _default_lr(model: str = MODEL) -> float:
-    from lioncub.train.models import DEFAULT_LR
-
     return DEFAULT_LR[model]
 
 

@@ -21,8 +21,9 @@ from lioncub.lion import Lion
 from lioncub.optim import LionCub
 from lioncub.train import DDP_LION
 from lioncub.train.data import Blobs, CharText
-from lioncub.train.models import DEFAULT_LR, MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.transport import group_rank_size
+from lioncub.tuned_lr import DEFAULT_LR
 
 MODELS = tuple(PRESETS) + ("mlp",)
 METHODS = methods.NAMES + (DDP_LION,)
