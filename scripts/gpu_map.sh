@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The convergence map's larger-model regimes on one GPU: char-small and char-medium at the map's base regime
+# Convergence-map regimes on the device machine: by default char-small and char-medium at the map's base regime
 # (4 ranks, batch 16 x 64 per rank, the tuned lr, 200 steps), seeds 0-3, the five configurations of the
-# held-out parts; every rank of a run on the one GPU (Gloo). Four grids at once (model x seed pair), each
-# seed by seed, so a deadline cuts whole seeds. Parts resume: rerun with the same OUTDIR to finish.
+# held-out parts; every rank of a run on the one GPU (Gloo). One grid per model x regime x seed stream, all at
+# once, each seed by seed, so a deadline cuts whole seeds. Parts resume: rerun with the same OUTDIR to finish.
 #   bash scripts/gpu_map.sh OUTDIR [DEADLINE_S]     (DEVICE=cpu MODELS=char-tiny STEPS=3: a rehearsal)
-# CONFIGS, LR_FACTORS (of the tuned lr) and MODELS override the grid; SKIP_INSTALL=1 when lioncub is installed
+# MODELS, REGIMES (N<ranks>-b<batch per rank>-x<lr / tuned lr>, space-separated), SEED_STREAMS (e.g. "0,1 2,3"),
+# CONFIGS and DEVICE (cpu: the machine's cores, a rank a core) override the grid; SKIP_INSTALL=1 when lioncub
+# is installed (the install step runs only where nvidia-smi is)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_map.sh OUTDIR [DEADLINE_S]}
@@ -13,40 +15,46 @@ device=${DEVICE:-cuda}
 models=${MODELS:-char-medium char-small}
 steps=${STEPS:-200}
 configs=${CONFIGS:-allreduce,vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive}
-lr_factors=${LR_FACTORS:-1}
+regimes=${REGIMES:-N4-b16-x${LR_FACTORS:-1}}
+streams=${SEED_STREAMS:-0,1 2,3}
 mkdir -p "$out"
 py=""
 for c in "${PYTHON:-}" .venv/bin/python python3 python; do
   if [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 && "$c" -c "import torch" >/dev/null 2>&1; then py=$c; break; fi
 done
 [ -n "$py" ] || { echo "gpu_map: no Python with torch found" | tee "$out/summary.txt" >&2; exit 2; }
-if [ "$device" != cpu ] && [ -z "${SKIP_INSTALL:-}" ]; then  # lioncub and its pure-Python dependencies, offline (make gpu-check's install step)
+if [ -z "${SKIP_INSTALL:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then  # lioncub and its pure-Python dependencies, offline (make gpu-check's install step)
   "$py" -m lioncub.gpu_check "$out/install" --only env,install > "$out/install.log" 2>&1 \
     || echo "gpu_map: the install step reported a failure (install.log); going on" >&2
 fi
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
   "$py" -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0]); import triton; print('triton', triton.__version__)" 2>&1
   nproc; } > "$out/env.txt"
-grid() {  # model, output, seeds...: one grid, seed by seed, until the deadline
-  local model=$1 part=$2; shift 2
+grid() {  # model, regime, output, seeds...: one grid, seed by seed, until the deadline
+  local model=$1 regime=$2 part=$3; shift 3
+  [[ $regime =~ ^N([0-9]+)-b([0-9]+)-x([0-9.]+)$ ]] || { echo "gpu_map: bad regime $regime (N4-b16-x1)"; return 2; }
   for s in "$@"; do
     local left=$(( deadline - $(date +%s) ))
     [ "$left" -gt 5 ] || { echo "deadline: seed $s not started"; return 0; }
     OMP_NUM_THREADS=1 timeout "$left" "$py" -m lioncub.cli bench convergence --grid --model "$model" --steps "$steps" \
-      --device "$device" --worlds 4 --batches 16 --lr-factors "$lr_factors" --seeds "$s" --configs "$configs" --output "$part"
+      --device "$device" --worlds "${BASH_REMATCH[1]}" --batches "${BASH_REMATCH[2]}" --lr-factors "${BASH_REMATCH[3]}" \
+      --seeds "$s" --configs "$configs" --output "$part"
     echo "seed $s rc $?"
   done
 }
 pids=()
 for m in $models; do
-  grid "$m" "$out/$m-s01.json" 0 1 > "$out/$m-s01.log" 2>&1 &
-  pids+=($!)
-  grid "$m" "$out/$m-s23.json" 2 3 > "$out/$m-s23.log" 2>&1 &
-  pids+=($!)
+  for r in $regimes; do
+    for st in $streams; do
+      tag="$m-$r-s${st//,/}"
+      grid "$m" "$r" "$out/$tag.json" ${st//,/ } > "$out/$tag.log" 2>&1 &
+      pids+=($!)
+    done
+  done
 done
 wait "${pids[@]}"
 for m in $models; do
-  "$py" -m lioncub.cli bench convergence --merge "$out/$m"-s*.json --output "$out/$m-map.json" > "$out/$m-map.txt" 2>&1
+  "$py" -m lioncub.cli bench convergence --merge "$out/$m"-N*-s*.json --output "$out/$m-map.json" > "$out/$m-map.txt" 2>&1
   "$py" -m lioncub.autotune.risk_rule check "$out/$m-map.json" --check-output "$out/$m-check.json" >> "$out/$m-map.txt" 2>&1
 done
 tail -n 40 "$out"/*-map.txt | tee "$out/summary.txt"

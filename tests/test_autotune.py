@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
 import math
+import random
 
 import pytest
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
@@ -85,10 +87,10 @@ def test_fast_network_small_model_recommends_the_baseline():
 def test_adaptive_guard_is_priced_as_its_dense_start_and_its_whole_credit(steps):
     # the guard's cost at worst: momentum_lead_step(0.9, 0.99) = 12 dense steps, then syncs for every byte of
     # credit (budget 1: the method's own bytes per compressed step, less the start's); a short run earns none
-    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="50us")  # the guard is low risk at 4 ranks
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="50us")
     params, compute = 50_000_000, 0.1
     res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
-                          momentum_syncs=["adaptive"])
+                          momentum_syncs=["adaptive"], batch_size=32, lr=2.5e-4, tuned_lr=5e-4)  # a gentle regime
     assert res.candidates[0].risk["level"] == "low"
     (c,) = res.candidates
     sim = lambda method, k: simulate_step(cluster, method, params, k, 25, compute)
@@ -134,8 +136,9 @@ def test_adaptive_guard_in_the_hierarchical_layout_earns_credit_only_on_bytes_th
     cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="10Gbit", latency="50us")
     params, compute, steps, G = 50_000_000, 0.1, 10_000, 4
     res = autotune.search(cluster, params, compute, steps=steps, methods=["vote-1bit"], bucket_mbs=[25],
-                          momentum_syncs=["adaptive"])
+                          momentum_syncs=["adaptive"], batch_size=32, lr=2.5e-4, tuned_lr=5e-4)
     c = next(x for x in res.candidates if x.layout == "hierarchical")
+    assert c.risk["level"] == "low" and c.dense_steps == 12  # the guard's own start, no warm-up
     sim = lambda k: simulate_step(cluster, "vote-1bit", params, k, 25, compute, hierarchical=True)
     plain, every = sim(None), sim(1)
     dense = simulate_step(cluster, "allreduce", params, None, 25, compute)
@@ -261,13 +264,29 @@ def test_risk_rule_follows_the_measured_map():
     assert r("allreduce", 64, "none")["score"] == 0 and r("allreduce", 64, "none")["level"] == "low"
     assert r("vote-1bit", 1, "none")["score"] == 0  # one rank: nothing is compressed
     # every entry of the fit: a harsher regime (higher lr, smaller batch per rank, more ranks) never scores lower
+    lr0 = risk_rule.FIT["lr0"]
     for key in risk_rule.FIT["entries"]:
         method, sync = key.split("|")
         base = r(method, 2, sync)["score"]
-        assert r(method, 2, sync, lr=4 * risk_rule.FIT["lr0"])["score"] >= base
+        assert r(method, 2, sync, lr=4 * lr0)["score"] >= base
         assert r(method, 2, sync, batch_size=4)["score"] >= base
         assert r(method, 16, sync)["score"] >= r(method, 4, sync)["score"] >= base
         assert r(method, 2, sync)["measured"]
+        # a gentler one (lower lr, larger batch) never scores higher, and no lower than the map's gentlest
+        assert r(method, 4, sync, lr=lr0 / 2)["score"] <= r(method, 4, sync)["score"]
+        assert r(method, 4, sync, batch_size=32)["score"] <= r(method, 4, sync)["score"]
+        assert r(method, 4, sync, lr=lr0 / 64, batch_size=4096)["score"] == r(
+            method, 4, sync, lr=lr0 * 2 ** risk_rule.FIT["gentlest"][0],
+            batch_size=16 * 2 ** -risk_rule.FIT["gentlest"][1])["score"]
+        # the lr is read against the model's tuned lr: only the ratio matters
+        for tuned in (1e-5, 3e-3):
+            assert r(method, 4, sync, lr=2 * tuned, tuned_lr=tuned) == r(method, 4, sync, lr=2 * lr0)
+    # the guard never synced on the map's runs: it scores as plain vote-1bit (no credit for a guard not seen act)
+    if risk_rule.FIT["entries"]["vote-1bit|adaptive"].get("pooled_with"):
+        assert r("vote-1bit", 6, "adaptive", batch_size=8)["score"] == r("vote-1bit", 6, "none", batch_size=8)["score"]
+    for bad in (dict(lr=0.0), dict(lr=-1e-3), dict(tuned_lr=0.0)):
+        with pytest.raises(ValueError, match="must be > 0"):
+            r("vote-1bit", 4, "none", **bad)
     # vote-allgather takes vote-1bit's votes; a method the map does not hold is at least medium
     assert r("vote-allgather", 4, "none") == r("vote-1bit", 4, "none")
     assert r("avg-pbit", 4, "none")["level"] != "low" and not r("avg-pbit", 4, "none")["measured"]
@@ -290,19 +309,60 @@ def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
     from lioncub.autotune import risk_rule
 
     path = Path(__file__).resolve().parent.parent / "docs" / "results" / "convergence-map.json"
-    if not path.exists():
-        pytest.skip("no convergence map committed")
     res = json.loads(path.read_text())
     fitted = risk_rule.fit(res)
-    for key, e in fitted["entries"].items():
-        assert risk_rule.FIT["entries"][key] == e
+    for key in ("entries", "noise", "z", "gentlest", "construction", "held_out"):
+        assert risk_rule.FIT[key] == fitted[key], key
     check = risk_rule.check(res, fitted)
     recorded = json.loads((path.parent / "risk-rule-check.json").read_text())
     assert {k: check[k] for k in ("low", "low_within_2pct", "held_out_cells", "within_2pct")} == {
         k: recorded[k] for k in ("low", "low_within_2pct", "held_out_cells", "within_2pct")}
-    assert risk_rule.FIT["check"].startswith(f"{check['low_within_2pct']} of {check['low']} low-risk cells")
+    if check["held_out_cells"]:
+        assert risk_rule.FIT["check"].startswith(f"{check['low_within_2pct']} of {check['low']} low-risk cells")
     for c in check["cells"]:  # every call is the score's level, and "within 2%" the measured mean's
         assert c["level"] == risk_rule.level_of(c["score"]) and c["within_2pct"] == (c["measured"] <= 0.02 + 1e-9)
+
+
+def _synthetic_map(mean, se, configs=("vote-1bit", "vote-1bit@adaptive", "vote-pbit"), syncs=0.0):
+    """A map whose every cell's ratio - 1 is mean(x) and standard error se(x), x = the rule's features."""
+    from lioncub.autotune import risk_rule
+
+    cells = []
+    for n, b, f in itertools.product((2, 4, 8), (8, 16, 32), (0.5, 1.0, 2.0)):
+        x = risk_rule._x(n, b, f * 5e-4, 5e-4, 16, 2)
+        for config in configs:
+            cells.append(dict(config=config, ranks=n, batch_size=b, lr=f * 5e-4, seeds=[0, 1, 2, 3], ratio=1 + mean(x),
+                              se=se(x), momentum_syncs=syncs if "@" in config else 0.0))
+    return dict(model="char-tiny", steps=200, cells=cells)
+
+
+def test_risk_fit_recovers_a_known_map_and_pools_what_the_map_cannot_tell_apart():
+    from lioncub.autotune import risk_rule
+
+    true = [0.004, 0.01, 0.02, 0.005, 0.003, 0.006]  # c0 | harsher lr, batch, N | gentler lr, batch
+    spread = [0.01, 0.008, 0.004, 0.001, 0.002, 0.003]
+    dot = lambda c, x: sum(a * v for a, v in zip(c, x))
+    res = _synthetic_map(lambda x: dot(true, x), lambda x: dot(spread, x))
+    f = risk_rule.fit(res, held_out=())
+    assert f["entries"]["vote-1bit|none"]["coef"] == pytest.approx(true, abs=1e-5)
+    assert f["noise"] == pytest.approx(spread, abs=1e-5)
+    assert f["z"] == 1.0 and f["gentlest"] == [-1.0, -1.0]  # no residual: the bound is one spread
+    # the guard never synced: it is pooled with its method, whose cells it doubles
+    guard = f["entries"]["vote-1bit|adaptive"]
+    assert guard["pooled_with"] == "vote-1bit|none" and guard["coef"] == f["entries"]["vote-1bit|none"]["coef"]
+    assert f["entries"]["vote-1bit|none"]["cells"] == 2 * f["entries"]["vote-pbit|none"]["cells"]
+    # a guard that synced is its own entry
+    synced = risk_rule.fit(_synthetic_map(lambda x: dot(true, x), lambda x: dot(spread, x), syncs=3.0), held_out=())
+    assert "pooled_with" not in synced["entries"]["vote-1bit|adaptive"]
+    # z: the 0.9 quantile of the residuals over the spread; here every residual is +3 spreads or -1
+    rng = random.Random(0)
+    noisy = _synthetic_map(lambda x: dot(true, x) + dot(spread, x) * (3.0 if rng.random() < 0.5 else -1.0),
+                           lambda x: dot(spread, x), configs=("vote-pbit",))
+    g = risk_rule.fit(noisy, held_out=())
+    assert g["z"] > 1.5  # the means' misfit widens the bound beyond one spread
+    # held-out regimes are out of the fit (and of its gentlest corner)
+    h = risk_rule.fit(res, held_out=("N2-b32-x0.5", "N4-b32-x0.5", "N8-b32-x0.5"))
+    assert "N4-b32-x0.5" in h["held_out"] and "N4-b32-x0.5" not in h["construction"]
 
 
 def test_builtin_parameter_counts_match_the_torch_models():
@@ -363,27 +423,32 @@ def test_hierarchical_risk_counts_nodes_as_voters_with_g_times_the_batch():
 
 
 def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regimes_ran():
-    """docs/results/risk-rule-preregistered.json holds the rule's calls for the regimes procedure 3 holds out,
+    """docs/results/risk-rule-preregistered.json holds the rule's calls for the regimes procedure 4 holds out,
     written before they ran: the committed fit (refitted since on a map that holds them) still makes them."""
     import json
     from pathlib import Path
 
     from lioncub.autotune import risk_rule
     from lioncub.train.loop import TrainConfig
+    from lioncub.tuned_lr import DEFAULT_LR
 
-    assert risk_rule.LR0 == TrainConfig(model=risk_rule.FIT["model"]).lr  # the map's factors multiply its default
+    assert risk_rule.FIT["lr0"] == DEFAULT_LR[risk_rule.FIT["model"]] == TrainConfig(model=risk_rule.FIT["model"]).lr
     pre = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
                       "risk-rule-preregistered.json").read_text())
-    assert pre["fit"]["entries"] == risk_rule.FIT["entries"]
+    for key in ("entries", "noise", "z", "gentlest"):
+        assert pre["fit"][key] == risk_rule.FIT[key], key
     assert {c["regime"] for c in pre["calls"] if ":" not in c["regime"]} == set(risk_rule.FRESH)
     assert set(risk_rule.FRESH) <= set(risk_rule.HELD_OUT)
     for c in pre["calls"]:
-        n, b, x = risk_rule.parse_regime(c["regime"].rpartition(":")[2])
+        model, n, b, x = risk_rule.parse_regime(c["regime"])
+        tuned = DEFAULT_LR[model or risk_rule.FIT["model"]]
         method, _, sync = c["config"].partition("@")
-        r = autotune.risk(method, n, None, sync or "none", pre["steps"], batch_size=b, lr=x * risk_rule.LR0)
+        r = autotune.risk(method, n, None, sync or "none", pre["steps"], batch_size=b, lr=x * tuned, tuned_lr=tuned)
         assert (r["level"], r["score"]) == (c["level"], c["score"])
-    with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
-        risk_rule.parse_regime("N4-b16")
+    assert risk_rule.parse_regime("char-small:N4-b8-x0.5") == ("char-small", 4, 8, 0.5)
+    for bad in ("N4-b16", "gpt9:N4-b16-x1"):
+        with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
+            risk_rule.parse_regime(bad)
     with pytest.raises(SystemExit) as e:  # the CLI: a one-line usage error
         risk_rule.main(["calls", "--regimes", "N4-b16"])
     assert e.value.code == 2
@@ -393,11 +458,13 @@ def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_fil
     import json
 
     from lioncub.autotune import risk_rule
+    from lioncub.tuned_lr import DEFAULT_LR
 
-    lr0 = risk_rule.LR0
-    cell = lambda config, ratio, n=4: dict(config=config, ranks=n, batch_size=16, lr=lr0, ratio=ratio, se=0.0,
-                                           seeds=[0, 1])
-    # N2-b16-x1 is a construction regime of the char-tiny map, but a map of another model is held out whole
+    def cell(config, ratio, n=4, model="char-medium"):
+        return dict(config=config, ranks=n, batch_size=16, lr=DEFAULT_LR[model], ratio=ratio, se=0.0, seeds=[0, 1])
+
+    # N2-b16-x1 is a construction regime of the char-tiny map, but a map of another model is held out whole, its
+    # lr read against that model's tuned lr
     other = dict(model="char-medium", steps=200, cells=[cell("allreduce", 1.0), cell("vote-1bit", 1.01),
                                                         cell("vote-1bit@adaptive", 1.05), cell("vote-1bit", 1.0, 2)])
     path = tmp_path / "medium.json"
@@ -407,17 +474,17 @@ def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_fil
     res = json.loads(out.read_text())
     assert [c["regime"] for c in res["cells"]] == ["char-medium:N4-b16-x1"] * 2 + ["char-medium:N2-b16-x1"]
     want = [autotune.risk(c["config"].partition("@")[0], c["ranks"], None, c["config"].partition("@")[2] or "none",
-                          200)["level"] for c in other["cells"][1:]]
+                          200)["level"] for c in other["cells"][1:]]  # x1 of char-medium's lr: char-tiny's x1
     assert [c["level"] for c in res["cells"]] == want
     assert [c["within_2pct"] for c in res["cells"]] == [True, False, True]
     assert res["fit"]["entries"] == risk_rule.FIT["entries"]  # check does not refit
     # the fit's own model: its construction regimes are not checked, a regime it never saw is
-    same = dict(other, model=risk_rule.FIT["model"], cells=[cell("allreduce", 1.0, 2), cell("vote-1bit", 1.0, 2),
-                                                            cell("allreduce", 1.0, 6), cell("vote-1bit", 1.0, 6)])
-    assert "N2-b16-x1" in risk_rule.FIT["construction"] and "N6-b16-x1" not in risk_rule.FIT["construction"]
+    same = dict(other, model=risk_rule.FIT["model"], cells=[cell(c, 1.0, n, "char-tiny") for n in (2, 3)
+                                                            for c in ("allreduce", "vote-1bit")])
+    assert "N2-b16-x1" in risk_rule.FIT["construction"] and "N3-b16-x1" not in risk_rule.FIT["construction"]
     path.write_text(json.dumps(same))
     assert risk_rule.main(["check", str(path), "--check-output", str(out)]) == 0
-    assert [c["regime"] for c in json.loads(out.read_text())["cells"]] == ["N6-b16-x1"]
+    assert [c["regime"] for c in json.loads(out.read_text())["cells"]] == ["N3-b16-x1"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         risk_rule.main(["check", str(tmp_path / "nope.json")])

@@ -129,6 +129,25 @@ def test_max_risk_and_top(capsys):
     assert out_all["search"]["within_risk"] == out_all["search"]["configurations"]
 
 
+def test_the_risk_rule_reads_lr_against_the_models_tuned_lr(capsys):
+    args = ["--ranks", "4", "--bandwidth", "1Gbit", "--bucket-mb", "25", "--momentum-sync", "none",
+            "--max-risk", "high"]
+    custom = ["--params", "3M", "--compute-seconds", "0.02", *args]
+    risks = lambda out: {(r["method"], r["levels"]): r["risk"]["score"] for r in out["ranked"]}
+    tuned = risks(run_json(capsys, *custom))
+    assert risks(run_json(capsys, *custom, "--lr", "3e-3")) == tuned  # another model's --lr alone: taken as tuned
+    twice = risks(run_json(capsys, *custom, "--lr", "1e-3", "--tuned-lr", "5e-4"))
+    assert any(twice[k] > tuned[k] for k in tuned) and all(twice[k] >= tuned[k] for k in tuned)
+    # a built-in model's tuned lr is its default: char-small at 5e-4 is twice its 2.5e-4
+    small = ["--model", "char-small", "--compute-seconds", "0.02", *args]
+    assert risks(run_json(capsys, *small, "--lr", "5e-4")) == risks(run_json(capsys, *custom, "--lr", "2e-3",
+                                                                             "--tuned-lr", "1e-3"))
+    for bad in (["--tuned-lr", "0"], ["--lr=-1e-3"]):
+        assert main(["autotune", *custom, *bad]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lioncub: error:") and "must be > 0" in err and "Traceback" not in err
+
+
 def test_calibration_file_is_used(tmp_path, capsys):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"name": "gloo-lab", "message_overhead": 2e-3, "window_bytes": 65536}))
@@ -231,8 +250,8 @@ def test_pilot_ranking_by_predicted_time_to_target(monkeypatch):
 def test_pilot_time_to_target_of_the_guard_counts_its_dense_start(monkeypatch):
     cluster = Cluster.for_ranks(4, bandwidth="100Mbit", latency="50us")
     res = autotune.search(cluster, 100_000, 0.01, steps=200, methods=["allreduce", "vote-1bit"],
-                          momentum_syncs=["adaptive"], bucket_mbs=[25])
-    guard = next(c for c in res.candidates if c.momentum_sync == "adaptive")
+                          momentum_syncs=["adaptive"], bucket_mbs=[25], batch_size=32, lr=2.5e-4, tuned_lr=5e-4)
+    guard = next(c for c in res.candidates if c.momentum_sync == "adaptive")  # low risk: no warm-up beyond its start
     dense = simulate_step(cluster, "allreduce", 100_000, None, 25, 0.01).step_seconds
     assert guard.dense_steps == 12 and guard.dense_step_seconds == pytest.approx(dense, rel=1e-12)
     curve = [5.0 - 0.1 * t for t in range(1, 21)]  # the smoothed loss reaches 3.5 at step 15 or 16

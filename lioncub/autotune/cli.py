@@ -12,6 +12,7 @@ from lioncub.paths import check_writable
 from lioncub.simulator import Cluster, get_profile
 from lioncub.simulator.profiles import BackendProfile
 from lioncub.simulator.units import format_size, format_time
+from lioncub.tuned_lr import DEFAULT_LR
 
 from .clusters import CLUSTER_PRESETS, make_cluster
 from .config import build_config, search_info, write_config
@@ -151,8 +152,10 @@ def register(sub) -> None:
                    help="a compressed method must beat the best allreduce by this factor to be recommended "
                         "(default 1.10)")
     s.add_argument("--top", type=int, help="show the N fastest configurations (default: the best of each method)")
-    s.add_argument("--lr", type=float, help="learning rate: the risk rule reads it; written to the train section and "
-                                           "used by pilots (default: TrainConfig's tuned one)")
+    s.add_argument("--lr", type=float, help="learning rate: the risk rule reads it against --tuned-lr; written to the "
+                                           "train section and used by pilots (default: TrainConfig's tuned one)")
+    s.add_argument("--tuned-lr", type=float, help="the lr the model's allreduce baseline trains best at (default: a "
+                                                 "built-in model's default lr; for another model, --lr taken as tuned)")
     pl = p.add_argument_group("pilot (imports torch, trains)")
     pl.add_argument("--pilot", type=int, metavar="STEPS", help="train the top candidates for STEPS steps and "
                                                                "rank them by predicted time to the target loss")
@@ -224,12 +227,16 @@ class _Setup:
     steps: int
     memory_bandwidth: object
     max_risk: float
+    tuned_lr: float | None  # what the risk rule reads --lr against
     methods: list
     buckets: list
     schedules: list | None
 
 
 def _setup(args) -> _Setup:
+    for flag, v in (("--lr", args.lr), ("--tuned-lr", args.tuned_lr)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{flag} must be > 0, got {v:g}")
     model = model_spec(args.model, args.params, batch=args.batch, seq_len=args.seq_len, tokens=args.tokens,
                        block_size=args.block_size, compute_seconds=args.compute_seconds, flops=args.flops,
                        gpu=args.gpu)
@@ -247,6 +254,7 @@ def _setup(args) -> _Setup:
         memory_bandwidth=(args.memory_bandwidth if args.memory_bandwidth is not None
                           else GPUS[args.gpu]["memory_bandwidth"]),
         max_risk=parse_max_risk(args.max_risk),
+        tuned_lr=args.tuned_lr or (DEFAULT_LR.get(model.name) if model.builtin else args.lr),
         methods=_csv(args.methods, methods.check, "--methods") or list(methods.NAMES),
         buckets=_csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB),
         schedules=_csv(args.momentum_sync, normalize_schedule, "--momentum-sync"))
@@ -257,7 +265,7 @@ def _search(args, st: _Setup) -> SearchResult:
                   methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
                   overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
-                  batch_size=args.batch, lr=args.lr)
+                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr)
 
 
 def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate | None) -> None:

@@ -26,8 +26,8 @@ def _coef_text(c: list[float]) -> str:
 
 
 def _entries_text() -> str:
-    rows = [f"  {key:<22} {_coef_text(e['coef'])}" + (f" (pooled with {e['pooled_with']})" if e.get("pooled_with") else "")
-            for key, e in sorted(FIT["entries"].items())]
+    rows = [f"  {key:<22} {_coef_text(e['coef'])}" + (f" (pooled with {e['pooled_with']})" if "pooled_with" in e
+                                                       else "") for key, e in sorted(FIT["entries"].items())]
     rows.append(f"  {'spread (every method)':<22} {_coef_text(FIT['noise'])}")
     return "\n".join(rows)
 
@@ -41,21 +41,22 @@ RISK_RULE = f"""\
 Convergence risk, from the measured convergence map ({FIT['source']}: {FIT['model']}, {FIT['steps']} steps,
 final eval loss over allreduce's in the same regime and seed, {len(FIT['seeds'])} seeds). Score = 0 for
 allreduce; for a compressed method, score = {SCORE_PER_EXCESS:g} x the predicted excess loss (upper bound):
-  excess = mean + {FIT['z']:g} x spread, each  c0 + (c_lr x_lr+ + c_batch x_b+ + c_N x_N) + (c'_lr x_lr- + c'_batch x_b-)
+  excess = mean + {FIT['z']:g} x spread, each  c0 + (c_lr x_lr+ + c_batch x_b+ + c_N x_N)
+                                                 + (c'_lr x_lr- + c'_batch x_b-)
   with x_lr = log2(lr / tuned lr), x_b = log2({FIT['batch0']} / batch per rank), x_N = log2(N / {FIT['world0']}),
   x+ = max(0, x) (harsher than the base regime) and x- = min(0, x) (gentler), no gentler than the map's gentlest
-  (x_lr >= {FIT['gentlest'][0]:g}, x_b >= {FIT['gentlest'][1]:g}): the two sides have their own slopes, as a harsher regime
-  also destabilizes the baseline while a gentler one only narrows every method's gap;
+  (x_lr >= {FIT['gentlest'][0]:g}, x_b >= {FIT['gentlest'][1]:g}): the two sides have their own slopes, as a harsher
+  regime also destabilizes the baseline while a gentler one only narrows every method's gap;
 where the tuned lr is the one the allreduce baseline trains best at (a built-in model's default, e.g.
 {FIT['lr0']:g} for {FIT['model']}; for another model autotune's --tuned-lr, else its --lr taken as tuned): a sign
 update moves every weight by lr, so what matters is lr against the model's own stable lr, not its value.
 The mean is fitted per (method, sync) by least squares on the map's construction regimes, slopes >= 0 (a harsher
 regime is never predicted better); the spread, the standard error of a cell's mean over the seeds (mostly the
-baseline's own instability, shared by the methods), once over every method's cells; {FIT['z']:g} is the {FIT['quantile']:g}
-quantile of the construction cells' residuals over their spread (a one-sided prediction bound for a new
-regime's measured mean, "low" being a {FIT['quantile']:g} promise). A guard whose cells never
-synced on the map (adaptive, in 200-step runs) is its method with a dense start there, so it is pooled with its
-method's none entry: the rule credits no guard the map has not seen act. Entries (c0 | slopes harsher | slopes gentler):
+baseline's own instability, shared by the methods), once over every method's cells; {FIT['z']:g} is the
+{FIT['quantile']:g} quantile of the construction cells' residuals over their spread (a one-sided prediction bound
+for a new regime's measured mean, "low" being a {FIT['quantile']:g} promise). A guard whose cells never synced
+on the map (adaptive, in 200-step runs) is its method with a dense start there, so it is pooled with its method's
+none entry: the rule credits no guard the map has not seen act. Entries (c0 | slopes harsher | slopes gentler):
 {_entries_text()}
 Sync schedules: none, adaptive and every:10 are on the map; another periodic schedule interpolates between
 the method's none and every:10 entries by the share u of each rank's momentum not yet averaged (u <= u(every:10):
@@ -165,7 +166,7 @@ def _dot(c: list[float], x: list[float]) -> float:
 
 def _excess(e: dict, ranks: int, batch_size: int | None, lr: float | None, tuned_lr: float | None) -> float:
     tuned = tuned_lr or FIT["lr0"]
-    x = _x(ranks, batch_size or FIT["batch0"], max(lr or tuned, 1e-300), tuned, FIT["batch0"], FIT["world0"],
+    x = _x(ranks, batch_size or FIT["batch0"], lr or tuned, tuned, FIT["batch0"], FIT["world0"],
            FIT["gentlest"])
     return _dot(e["coef"], x) + FIT["z"] * max(0.0, _dot(FIT["noise"], x))
 
@@ -216,8 +217,9 @@ def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps:
     meth = methods.get(method)
     if meth.dense or ranks == 1:
         return {"score": 0.0, "level": "low", "excess": 0.0, "unsynced_share": 0.0, "measured": True}
-    if tuned_lr is not None and not tuned_lr > 0:
-        raise ValueError(f"the tuned lr must be > 0, got {tuned_lr!r}")
+    for name, v in (("lr", lr), ("the tuned lr", tuned_lr)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{name} must be > 0, got {v!r}")
     excess, u, measured = predicted_excess(meth.name, ranks, momentum_sync, steps, batch_size, lr, beta2, _share,
                                            tuned_lr)
     score = max(0.0, SCORE_PER_EXCESS * excess)
@@ -333,7 +335,7 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float | None = 
         method, _, sync = config.partition("@")
         entries[f"{method}|{sync or 'none'}"] = dict(coef=[round(v, 5) for v in coef], cells=len(train))
         fitted_cells += [(c, entries[f"{method}|{sync or 'none'}"]) for c in train]
-    for config, method in pooled.items():
+    for method in pooled.values():
         if f"{method}|none" in entries:
             entries[f"{method}|adaptive"] = dict(entries[f"{method}|none"], pooled_with=f"{method}|none")
     # the spread of a cell's mean over seeds is mostly the baseline's own instability (growing with lr and small
@@ -407,7 +409,8 @@ def main(argv=None) -> int:
                         "the regimes named by --regimes (a pre-registration)")
     p.add_argument("map", nargs="?", help="a merged convergence map JSON (lioncub bench convergence --merge)")
     p.add_argument("--check-output", help="write the check (fit, check) or the calls (calls) here (JSON)")
-    p.add_argument("--regimes", default=",".join(FRESH), help="calls: comma-separated [model:]N<ranks>-b<batch>-x<lr / tuned lr>")
+    p.add_argument("--regimes", default=",".join(FRESH),
+                   help="calls: comma-separated [model:]N<ranks>-b<batch>-x<lr / tuned lr>")
     p.add_argument("--configs", default="vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive", help="calls: method[@sync]")
     p.add_argument("--steps", type=int, default=200, help="calls: the run's steps (the map's: 200)")
     args = p.parse_args(argv)
@@ -435,7 +438,8 @@ def main(argv=None) -> int:
     fitted = fit(map_res) if args.command == "fit" else FIT
     result = check(map_res, fitted)
     rate = result["hit_rate"]
-    check_text = (f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
+    check_text = "" if not result["held_out_cells"] else (
+                  f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
                   + (f" ({100 * rate:.0f}%)" if rate is not None else "")
                   + f"; {result['within_2pct']} of the {result['held_out_cells']} held-out cells were within 2%, "
                   + f"{result['low_within_2pct']} of them called low")
@@ -445,7 +449,7 @@ def main(argv=None) -> int:
     if args.check_output:
         with open(args.check_output, "w") as f:
             json.dump(dict(fit=fitted, **result), f, indent=1)
-    print(check_text)
+    print(check_text or f"no regime of {args.map} is held out of the fit")
     for r in result["cells"]:
         print(f"  {r['regime']:<14} {r['config']:<20} {r['level']:<6} score {r['score']:.2f}  measured "
               f"{100 * r['measured']:+.1f}%")

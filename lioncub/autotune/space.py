@@ -170,12 +170,14 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            methods=registry.NAMES, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
-           progress: bool = False, batch_size: int | None = None, lr: float | None = None) -> SearchResult:
+           progress: bool = False, batch_size: int | None = None, lr: float | None = None,
+           tuned_lr: float | None = None) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
     steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
-    batch_size, lr: the per-rank batch and learning rate the risk rule reads (None: the tuned defaults).
+    batch_size, lr: the per-rank batch and learning rate the risk rule reads (None: the tuned defaults); tuned_lr:
+        the lr the model's allreduce baseline trains best at, which the rule reads lr against (None: the map's).
     overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
         `LionCub(method="allreduce")` does (False).
     momentum_syncs: schedule strings (default: `default_schedules(steps)`).
@@ -196,7 +198,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
                    overlap=overlap, cache=cache)
     base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
-                            dict(batch_size=batch_size, lr=lr))
+                            dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
     order = {m: i for i, m in enumerate(registry.NAMES)}
     cands.sort(key=lambda c: (c.run_step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
     ranked = [c for c in cands if c.risk["score"] <= max_risk]
