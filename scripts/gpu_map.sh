@@ -32,7 +32,7 @@ fi
   nproc; } > "$out/env.txt"
 grid() {  # model, regime, output, seeds...: one grid, seed by seed, until the deadline
   local model=$1 regime=$2 part=$3; shift 3
-  [[ $regime =~ ^N([0-9]+)-b([0-9]+)-x([0-9.]+)$ ]] || { echo "gpu_map: bad regime $regime (N4-b16-x1)"; return 2; }
+  [[ $regime =~ ^N([0-9]+)-b([0-9]+)-x([0-9.,]+)$ ]] || { echo "gpu_map: bad regime $regime (N4-b16-x1)"; return 2; }
   for s in "$@"; do
     local left=$(( deadline - $(date +%s) ))
     [ "$left" -gt 5 ] || { echo "deadline: seed $s not started"; return 0; }

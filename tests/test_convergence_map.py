@@ -83,3 +83,28 @@ def test_grid_cli_passes_the_device_and_refuses_it_without_grid(monkeypatch, cap
     assert seen["device"] == "cuda"
     assert main(["bench", "convergence", "--device", "cuda"]) != 0
     assert "--device: only with --grid" in capsys.readouterr().err
+
+
+def test_gpu_map_script_rehearses_a_regime_on_cpu_and_checks_the_rule(tmp_path):
+    """scripts/gpu_map.sh with DEVICE=cpu: one grid per regime x seed stream, merged, and the committed rule
+    checked on it (a regime the fit never saw is held out)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, DEVICE="cpu", MODELS="char-tiny", STEPS="2", REGIMES="N3-b4-x1", SEED_STREAMS="0 1",
+               CONFIGS="allreduce,vote-1bit", PYTHON=sys.executable, SKIP_INSTALL="1")
+    out = tmp_path / "gm"
+    p = subprocess.run(["bash", str(root / "scripts" / "gpu_map.sh"), str(out), "240"], env=env, cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert sorted(f.name for f in out.glob("char-tiny-N3-*.json")) == ["char-tiny-N3-b4-x1-s0.json",
+                                                                      "char-tiny-N3-b4-x1-s1.json"]
+    merged = json.loads((out / "char-tiny-map.json").read_text())
+    cell = next(c for c in merged["cells"] if c["config"] == "vote-1bit")
+    assert (cell["ranks"], cell["batch_size"], cell["seeds"]) == (3, 4, [0, 1])
+    check = json.loads((out / "char-tiny-check.json").read_text())
+    assert [(c["regime"], c["config"]) for c in check["cells"]] == [("N3-b4-x1", "vote-1bit")]
