@@ -15,6 +15,7 @@ import sys
 COMMANDS = {
     "simulate": ("lioncub.simulator.cli", "predict collective and training-step times (no GPU needed)"),
     "autotune": ("lioncub.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
+    "risk": ("lioncub.autotune.risk_cli", "fit autotune's convergence-risk rule to a map, check it, pre-register"),
     "train": ("lioncub.train.cli", "train a built-in model with any method/config"),
     "lab": ("lioncub.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
     "calibrate": ("lioncub.calibrate.cli", "fit the simulator's backend profile to measurements"),

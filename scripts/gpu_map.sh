@@ -55,6 +55,6 @@ done
 wait "${pids[@]}"
 for m in $models; do
   "$py" -m lioncub.cli bench convergence --merge "$out/$m"-N*-s*.json --output "$out/$m-map.json" > "$out/$m-map.txt" 2>&1
-  "$py" -m lioncub.autotune.risk_rule check "$out/$m-map.json" --check-output "$out/$m-check.json" >> "$out/$m-map.txt" 2>&1
+  "$py" -m lioncub.cli risk check "$out/$m-map.json" --check-output "$out/$m-check.json" >> "$out/$m-map.txt" 2>&1
 done
 tail -n 40 "$out"/*-map.txt | tee "$out/summary.txt"

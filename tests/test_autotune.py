@@ -300,7 +300,7 @@ def test_risk_rule_follows_the_measured_map():
 
 
 def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
-    """The committed fit is what `python -m lioncub.autotune.risk_rule fit` makes of the committed map, and
+    """The committed fit is what `lioncub risk fit` makes of the committed map, and
     its recorded held-out check is what that fit scores on the map (whether the check reaches the issue's
     90% is reported in docs/BENCHMARKS.md)."""
     import json
@@ -449,15 +449,28 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
     for bad in ("N4-b16", "gpt9:N4-b16-x1"):
         with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
             risk_rule.parse_regime(bad)
-    with pytest.raises(SystemExit) as e:  # the CLI: a one-line usage error
-        risk_rule.main(["calls", "--regimes", "N4-b16"])
-    assert e.value.code == 2
+
+def test_risk_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
+    from lioncub.cli import main
+
+    bad_map = tmp_path / "bad.json"
+    bad_map.write_text("{}")
+    for argv, match in [(["calls", "--regimes", "N4-b16"], "N<ranks>-b<batch per rank>"),
+                        (["calls", "--configs", "topk"], "unknown method"),
+                        (["check"], "needs MAP"), (["check", str(tmp_path / "nope.json")], "no file"),
+                        (["fit", str(bad_map)], "not a merged convergence map"),
+                        (["check", str(bad_map), "--check-output", str(tmp_path / "no" / "x.json")], "no such")]:
+        capsys.readouterr()
+        assert main(["risk", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("lioncub: error:") and match in err and "Traceback" not in err, (argv, err)
 
 
-def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_file(tmp_path, capsys):
+def test_risk_cli_checks_another_models_map_whole(tmp_path, capsys):
     import json
 
     from lioncub.autotune import risk_rule
+    from lioncub.cli import main
     from lioncub.tuned_lr import DEFAULT_LR
 
     def cell(config, ratio, n=4, model="char-medium"):
@@ -470,7 +483,7 @@ def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_fil
     path = tmp_path / "medium.json"
     path.write_text(json.dumps(other))
     out = tmp_path / "check.json"
-    assert risk_rule.main(["check", str(path), "--check-output", str(out)]) == 0
+    assert main(["risk", "check", str(path), "--check-output", str(out)]) == 0
     res = json.loads(out.read_text())
     assert [c["regime"] for c in res["cells"]] == ["char-medium:N4-b16-x1"] * 2 + ["char-medium:N2-b16-x1"]
     want = [autotune.risk(c["config"].partition("@")[0], c["ranks"], None, c["config"].partition("@")[2] or "none",
@@ -483,9 +496,6 @@ def test_risk_rule_cli_checks_another_models_map_whole_and_refuses_a_missing_fil
                                                             for c in ("allreduce", "vote-1bit")])
     assert "N2-b16-x1" in risk_rule.FIT["construction"] and "N3-b16-x1" not in risk_rule.FIT["construction"]
     path.write_text(json.dumps(same))
-    assert risk_rule.main(["check", str(path), "--check-output", str(out)]) == 0
+    assert main(["risk", "check", str(path), "--check-output", str(out)]) == 0
     assert [c["regime"] for c in json.loads(out.read_text())["cells"]] == ["N3-b16-x1"]
     capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        risk_rule.main(["check", str(tmp_path / "nope.json")])
-    assert e.value.code == 2 and "no file" in capsys.readouterr().err

@@ -1,4 +1,4 @@
-"""The convergence map fitted for the risk rule (written by `python -m lioncub.autotune.risk_rule fit`; do not edit)."""
+"""The convergence map fitted for the risk rule (written by `lioncub risk fit`; do not edit)."""
 
 FIT = {'batch0': 16,
  'check': '',

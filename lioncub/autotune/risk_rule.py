@@ -13,7 +13,7 @@ DENSE_WARMUP = {"low": 0, "medium": 200, "high": 500}  # steps of allreduce firs
 ALIASES = {"vote-allgather": "vote-1bit"}  # the same update as vote-1bit (an all-gather of the same votes)
 UNMEASURED_FLOOR = 0.20  # a method the map does not hold (avg-pbit) scores at least medium
 
-# The fitted map (lioncub/autotune/risk_fit.py, written by `python -m lioncub.autotune.risk_rule fit MAP`)
+# The fitted map (lioncub/autotune/risk_fit.py, written by `lioncub risk fit MAP`)
 from .risk_fit import FIT  # noqa: E402
 
 MEASURED_AT = max(FIT["worlds"])  # the largest world size the rule was fitted on; beyond it the N slope is extrapolated
@@ -235,7 +235,7 @@ def risk(method: str, ranks: int, levels: int | None, momentum_sync: str, steps:
             "unsynced_share": None if u != u else round(u, 4), "measured": measured}
 
 
-# --- fitting the rule to the map (python -m lioncub.autotune.risk_rule fit docs/results/convergence-map.json) ---
+# --- fitting the rule to the map (lioncub risk fit docs/results/convergence-map.json; lioncub/autotune/risk_cli.py) ---
 
 # regimes (world, batch per rank, lr / tuned lr) kept out of the fit. Procedure 4 (2026-11-26, fixed before any
 # of its regimes ran): the fit sees every regime on the char-tiny map (procedure 3's held-out ones included, as all
@@ -386,75 +386,3 @@ def check(map_res: dict, fitted: dict) -> dict:
                     held_out_cells=len(rows), within_2pct=good, recall=hits / good if good else None)
     finally:
         FIT = saved
-
-
-def _write_fit(fitted: dict, path: str) -> None:
-    import pprint
-
-    with open(path, "w") as f:
-        f.write('"""The convergence map fitted for the risk rule (written by `python -m lioncub.autotune.risk_rule '
-                'fit`; do not edit)."""\n\n')
-        f.write("FIT = " + pprint.pformat(fitted, width=116, sort_dicts=True) + "\n")
-
-
-def main(argv=None) -> int:
-    import argparse
-    import json
-    import os
-
-    p = argparse.ArgumentParser(prog="python -m lioncub.autotune.risk_rule")
-    p.add_argument("command", choices=["fit", "check", "calls"],
-                   help="fit: refit to MAP and check it on its held-out regimes; check: the committed fit on MAP's "
-                        "held-out regimes (all of them for another model); calls: the committed fit's calls for "
-                        "the regimes named by --regimes (a pre-registration)")
-    p.add_argument("map", nargs="?", help="a merged convergence map JSON (lioncub bench convergence --merge)")
-    p.add_argument("--check-output", help="write the check (fit, check) or the calls (calls) here (JSON)")
-    p.add_argument("--regimes", default=",".join(FRESH),
-                   help="calls: comma-separated [model:]N<ranks>-b<batch>-x<lr / tuned lr>")
-    p.add_argument("--configs", default="vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive", help="calls: method[@sync]")
-    p.add_argument("--steps", type=int, default=200, help="calls: the run's steps (the map's: 200)")
-    args = p.parse_args(argv)
-    if args.command == "calls":
-        rows = []
-        for reg in args.regimes.split(","):
-            try:
-                model, n, b, x = parse_regime(reg)
-            except ValueError as e:
-                p.error(str(e))
-            tuned = DEFAULT_LR[model or FIT["model"]]
-            for config in args.configs.split(","):
-                method, _, sync = config.partition("@")
-                r = risk(method, n, None, sync or "none", args.steps, batch_size=b, lr=x * tuned, tuned_lr=tuned)
-                rows.append(dict(regime=reg.strip(), config=config, level=r["level"], score=r["score"]))
-                print(f"  {reg.strip():<14} {config:<20} {r['level']:<6} score {r['score']:.3f}")
-        if args.check_output:
-            with open(args.check_output, "w") as f:
-                json.dump(dict(fit=FIT, steps=args.steps, calls=rows), f, indent=1)
-        return 0
-    if not args.map or not os.path.isfile(args.map):
-        p.error(f"{args.command} needs MAP, a convergence map JSON" + (f"; no file {args.map}" if args.map else ""))
-    with open(args.map) as f:
-        map_res = json.load(f)
-    fitted = fit(map_res) if args.command == "fit" else FIT
-    result = check(map_res, fitted)
-    rate = result["hit_rate"]
-    check_text = "" if not result["held_out_cells"] else (
-                  f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
-                  + (f" ({100 * rate:.0f}%)" if rate is not None else "")
-                  + f"; {result['within_2pct']} of the {result['held_out_cells']} held-out cells were within 2%, "
-                  + f"{result['low_within_2pct']} of them called low")
-    fitted = dict(fitted, check=check_text)
-    if args.command == "fit":
-        _write_fit(fitted, os.path.join(os.path.dirname(__file__), "risk_fit.py"))
-    if args.check_output:
-        with open(args.check_output, "w") as f:
-            json.dump(dict(fit=fitted, **result), f, indent=1)
-    print(check_text or f"no regime of {args.map} is held out of the fit")
-    for r in result["cells"]:
-        print(f"  {r['regime']:<14} {r['config']:<20} {r['level']:<6} score {r['score']:.2f}  measured "
-              f"{100 * r['measured']:+.1f}%")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
