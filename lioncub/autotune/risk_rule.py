@@ -378,7 +378,8 @@ def check(map_res: dict, fitted: dict) -> dict:
                      lr=c["lr"], tuned_lr=tuned)
             regime = (f"{map_res['model']}:" if other_model else "") + _regime_id(c, tuned)
             rows.append(dict(config=c["config"], regime=regime, level=r["level"], seeds=len(c["seeds"]),
-                             score=r["score"], measured=round(c["ratio"] - 1, 5), within_2pct=c["ratio"] <= 1.02))
+                             score=r["score"], measured=round(c["ratio"] - 1, 5), se=round(_standard_error(c), 5),
+                             within_2pct=c["ratio"] <= 1.02))
         low = [r for r in rows if r["level"] == "low"]
         hits = sum(r["within_2pct"] for r in low)
         good = sum(r["within_2pct"] for r in rows)
