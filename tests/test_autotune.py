@@ -455,10 +455,13 @@ def test_risk_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
 
     bad_map = tmp_path / "bad.json"
     bad_map.write_text("{}")
+    not_json = tmp_path / "log.txt"
+    not_json.write_text("seed 0 rc 0\n")
     for argv, match in [(["calls", "--regimes", "N4-b16"], "N<ranks>-b<batch per rank>"),
                         (["calls", "--configs", "topk"], "unknown method"),
                         (["check"], "needs MAP"), (["check", str(tmp_path / "nope.json")], "no file"),
                         (["fit", str(bad_map)], "not a merged convergence map"),
+                        (["check", str(not_json)], "is not JSON"), (["calls", "--steps", "0"], "--steps"),
                         (["check", str(bad_map), "--check-output", str(tmp_path / "no" / "x.json")], "no such")]:
         capsys.readouterr()
         assert main(["risk", *argv]) == 2

@@ -37,8 +37,11 @@ def run(args) -> int:
         raise ValueError(f"risk {args.action} needs MAP, a convergence map JSON")
     if not os.path.isfile(args.map):
         raise ValueError(f"risk {args.action}: no file {args.map}")
-    with open(args.map) as f:
-        map_res = json.load(f)
+    try:
+        with open(args.map) as f:
+            map_res = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{args.map} is not JSON ({e})") from None
     if not isinstance(map_res, dict) or not map_res.get("cells") or "model" not in map_res:
         raise ValueError(f"{args.map} is not a merged convergence map (lioncub bench convergence --merge)")
     fitted = risk_rule.fit(map_res) if args.action == "fit" else risk_rule.FIT
@@ -63,6 +66,8 @@ def run(args) -> int:
 
 
 def _calls(args) -> int:
+    if args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
     rows = []
     for reg in args.regimes.split(","):
         model, n, b, x = risk_rule.parse_regime(reg)
