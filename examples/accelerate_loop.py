@@ -35,7 +35,7 @@ def main():
         with accelerator.accumulate(model):  # DDP's no_sync on all but the last micro-batch
             loss = F.cross_entropy(model(x), y)
             accelerator.backward(loss)
-            accelerator.clip_grad_norm_(model.parameters(), 1.0)  # what the update ignores (see lioncub.ddp)
+            accelerator.clip_grad_norm_(model.parameters(), 1.0)  # the update ignores it (lioncub.integrations.ddp)
             opt.step()
             opt.zero_grad()
         losses.append(loss.item())
@@ -47,7 +47,7 @@ def main():
     if accelerator.is_main_process:
         k = max(1, len(losses) // 4)
         print(f"loss first {sum(losses[:k]) / k:.4f} last {sum(losses[-k:]) / k:.4f}")
-        inner = lioncub.ddp.unwrap_optimizer(opt)
+        inner = lioncub.integrations.ddp.unwrap_optimizer(opt)
         print(f"done: accelerate, method {args.method}, {inner.stats.steps} steps, "
               f"{inner.stats.overlapped_steps} overlapped")
     lioncub.finish()

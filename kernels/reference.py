@@ -10,7 +10,7 @@ All functions work on flat 1-D buckets. Conventions shared with the Triton kerne
   `+` iff `(index + rank + step)` is even (`zero_parity = (rank + step) % 2`). With an even number of
   ranks an all-zero coordinate is then an exact tie (no update); with an odd number it moves by +-lr,
   alternating in sign from step to step, so it does not drift.
-* p-bit fields follow `lioncub.wire.FieldLayout` (planar layout: element i in word i % W, field i // W).
+* p-bit fields follow `lioncub.comm.wire.FieldLayout` (planar layout: element i in word i % W, field i // W).
 * L1 levels: per parameter tensor t, `mult_t = float32((s/2) / mean|c_t|)` computed in float64
   (0 where mean|c_t| == 0), then `q = clamp(rint(c * mult_t), -s, s)` in fp32 (rint: half to even).
 
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from lioncub.wire import Codec, FieldLayout
+from lioncub.comm.wire import Codec, FieldLayout
 
 PACK_MAGIC = 0x0102040810204080  # (8 bytes of 0/1 as an int64) * PACK_MAGIC >> 56 == the packed byte
 _CACHE: dict = {}

@@ -46,7 +46,7 @@ LAUNCH = {"enable_fp_fusion": False}
 MAX_ELEMENTS = 2**31 - 2**22
 FP32_MAX = tl.constexpr(3.4028234663852886e38)  # largest finite float32
 
-# The field codecs compiled into the kernels (constexpr CODEC), by (values, decode) of lioncub.wire.Codec.
+# The field codecs compiled into the kernels (constexpr CODEC), by (values, decode) of lioncub.comm.wire.Codec.
 FIELD_CODECS = {("vote", "sign"): 1, ("vote", "mean"): 2, ("l1", "sign"): 3}
 
 

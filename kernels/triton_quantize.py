@@ -12,7 +12,7 @@ element 8b+j (little-endian):
 Elements past n (the padding of a 1-bit all-to-all buffer) read as g = m = 0, so they vote like c == 0,
 as in the torch twin.
 
-p-bit methods: the planar layout of lioncub.wire.FieldLayout, W words of F fields of `width` bits:
+p-bit methods: the planar layout of lioncub.comm.wire.FieldLayout, W words of F fields of `width` bits:
 
     word w  =  v[w] | v[W + w] << width | v[2W + w] << 2*width | ... | v[(F-1)W + w] << (F-1)*width
 

@@ -14,13 +14,13 @@ import sys
 # command -> (the module of its CLI, defining register(subparsers); one-line help)
 COMMANDS = {
     "simulate": ("lioncub.simulator.cli", "predict collective and training-step times (no GPU needed)"),
-    "autotune": ("lioncub.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
-    "risk": ("lioncub.autotune.risk_cli", "fit autotune's convergence-risk rule to a map, check it, pre-register"),
-    "train": ("lioncub.train.cli", "train a built-in model with any method/config"),
-    "lab": ("lioncub.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
-    "calibrate": ("lioncub.calibrate.cli", "fit the simulator's backend profile to measurements"),
-    "bench": ("lioncub.benchmarks.cli", "benchmarks (speed and memory targets)"),
-    "demo": ("lioncub.demo", "simulate, autotune and train the default scenario (make demo)"),
+    "autotune": ("lioncub.apps.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
+    "risk": ("lioncub.apps.autotune.risk_cli", "fit autotune's convergence-risk rule to a map, check it, pre-register"),
+    "train": ("lioncub.apps.train.cli", "train a built-in model with any method/config"),
+    "lab": ("lioncub.apps.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
+    "calibrate": ("lioncub.apps.calibrate.cli", "fit the simulator's backend profile to measurements"),
+    "bench": ("lioncub.apps.benchmarks.cli", "benchmarks (speed and memory targets)"),
+    "demo": ("lioncub.apps.demo", "simulate, autotune and train the default scenario (make demo)"),
 }
 
 

@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [OUTDIR] [--size full|tiny] [--only STEP,...]
 # Runs in the machine's existing Python (the first of $PYTHON, .venv/bin/python, python3, python that imports
 # torch); installs lioncub into it without the network, plus the wheels in .whl/ (scripts/fetch_gpu_wheels.sh).
-# Everything else is lioncub/gpu_check.py: see its docstring and docs/GPU_CHECK.md.
+# Everything else is scripts/gpu_check.py: see its docstring and docs/GPU_CHECK.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out/gpu-check}
@@ -17,4 +17,4 @@ if [ -z "$py" ]; then
   echo "gpu-check: no Python with torch found (tried \$PYTHON, .venv/bin/python, python3, python)" | tee "$out/summary.txt" >&2
   exit 2
 fi
-exec "$py" -m lioncub.gpu_check "$out" "$@"
+exec "$py" scripts/gpu_check.py "$out" "$@"

@@ -24,7 +24,7 @@ for c in "${PYTHON:-}" .venv/bin/python python3 python; do
 done
 [ -n "$py" ] || { echo "gpu_map: no Python with torch found" | tee "$out/summary.txt" >&2; exit 2; }
 if [ -z "${SKIP_INSTALL:-}" ] && command -v nvidia-smi >/dev/null 2>&1; then  # lioncub and its pure-Python dependencies, offline (make gpu-check's install step)
-  "$py" -m lioncub.gpu_check "$out/install" --only env,install > "$out/install.log" 2>&1 \
+  "$py" scripts/gpu_check.py "$out/install" --only env,install > "$out/install.log" 2>&1 \
     || echo "gpu_map: the install step reported a failure (install.log); going on" >&2
 fi
 { date -u +%FT%TZ; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null

@@ -21,7 +21,8 @@ from __future__ import annotations
 import dataclasses
 import time
 
-from lioncub import methods, wire
+from lioncub import methods
+from lioncub.comm import wire
 
 from .choose import best_algorithm, choose
 from .cluster import Cluster
@@ -101,7 +102,7 @@ def simulate_collective(
     """Simulate one collective (or a lioncub composite) on `cluster`.
 
     op: allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a composite: vote-allgather,
-        vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync (lioncub.wire defines what they send).
+        vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync (lioncub.comm.wire defines what they send).
     algorithm: an algorithm name (see ALGORITHMS), "auto" (the fastest the backend offers), or for
         composites "op=alg,op=alg" / a dict naming the algorithm of each collective they issue.
     size_bytes: the SIZE convention above; a number or a string like "256MiB".

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lioncub.paths import read_json
+from lioncub.files import read_json
 
 # Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
 # - 12 (TCP timestamp option) = 1448 payload bytes and takes 1500 + 14 (header) + 4 (FCS) + 8 (preamble)

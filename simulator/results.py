@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lioncub import wire
+from lioncub.comm import wire
 
 from .profiles import ALL_ALGORITHMS
 

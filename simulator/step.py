@@ -6,9 +6,9 @@ and buckets are reduced one after another on one communication stream, overlappi
 Only the tail that outlasts backward is exposed. Then every rank runs the Lion update locally.
 
 lioncub's compressed methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`) overlap the
-same way (lioncub.overlap): per bucket, once backward has produced it, encode (codec kernel) and the
+same way (lioncub.optim.overlap): per bucket, once backward has produced it, encode (codec kernel) and the
 method's collectives (its `collectives` in lioncub.methods), one bucket after another; at the end of
-backward one control allreduce (lioncub.wire.CONTROL); then decode and update. Every K steps the momentum
+backward one control allreduce (lioncub.comm.wire.CONTROL); then decode and update. Every K steps the momentum
 is averaged with an fp32 allreduce of all parameters (bucketed the same way) after the update; that cost
 is amortized as 1/K per step.
 
@@ -40,7 +40,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from lioncub import methods, wire
+from lioncub import methods
+from lioncub.comm import wire
 
 from .cluster import Cluster
 from .collectives import ALGORITHMS, Cache, _parse_algorithm_spec, composite_collectives, simulate_collective

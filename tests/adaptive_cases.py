@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from lioncub import LionCub, schedules
+from lioncub import LionCub
+from lioncub.optim import schedules
 
 SHAPES = [(64, 33), (257,), (9, 9)]
 

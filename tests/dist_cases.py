@@ -12,9 +12,9 @@ import torch
 import torch.distributed as dist
 
 from lioncub import LionCub
+from lioncub.comm.transport import CommError
 from lioncub.methods import NAMES as METHODS
 from lioncub.methods.l1_pbit import default_levels
-from lioncub.transport import CommError
 
 SHAPES = [(7, 5), (13,), (3, 3, 3), (1,), (33,), (2, 17)]
 BUCKET_MB = 256 / 2**20  # a few tensors per bucket, several buckets
@@ -300,7 +300,7 @@ def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps
     """The same training with LionCub alone and with LionCub attached to a DDP model: parameters after each
     run, replicas. Step 2 accumulates two micro-batches (no_sync), step 3 has an inf on the last rank; with
     find_unused_parameters, `side` is unused on odd ranks."""
-    from lioncub.ddp import attach_ddp
+    from lioncub.integrations.ddp import attach_ddp
 
     unused = ddp_kwargs.get("find_unused_parameters", False)
     out = []

@@ -136,7 +136,7 @@ def hierarchical_vs_flat_bytes(rank, world_size, G):
 def guard_credit(rank, world_size, G, start, steps):
     """The adaptive guard's credit after a dense start and compressed steps that never sync (threshold 0),
     with each step's bytes and node-scoped bytes as the stats recorded them."""
-    from lioncub.schedules import Adaptive
+    from lioncub.optim.schedules import Adaptive
 
     p = torch.nn.Parameter(torch.zeros(1 << 14))
     opt = LionCub([p], lr=0.01, method="vote-1bit", hierarchical=True, node_size=G, overlap=False,
@@ -199,8 +199,8 @@ def bad_node_size(rank, world_size):
 
 
 def dcp_train(rank, world_size, G, path, steps, resume=False, total=None):
-    """lioncub.checkpoint with momentum shards: train and save, or load and train on to `total`."""
-    from lioncub import checkpoint
+    """lioncub.integrations.checkpoint with momentum shards: train and save, or load and train on to `total`."""
+    from lioncub.integrations import checkpoint
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
@@ -221,7 +221,7 @@ def dcp_train(rank, world_size, G, path, steps, resume=False, total=None):
 
 
 def dcp_flat_load(rank, world_size, path):
-    from lioncub import checkpoint
+    from lioncub.integrations import checkpoint
 
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
     checkpoint.load(path, net, LionCub(net.parameters(), lr=0.01, method="vote-1bit", bucket_mb=1e-3))
@@ -256,7 +256,7 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
 
 def timed_collectives(rank, world_size, G, steps=3):
     """LionCub(timing=True): every collective of a step, counted and timed by name."""
-    from lioncub import transport
+    from lioncub.comm import transport
 
     params, groups = dist_cases.make_params()
     opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB,

@@ -8,7 +8,7 @@ import socket
 import sys
 import time
 
-from lioncub.lab import report
+from lioncub.apps.lab import report
 
 
 def gloo_sum() -> None:
@@ -28,7 +28,7 @@ def gloo_sum() -> None:
         "interfaces": [name for _, name in socket.if_nameindex()],
         "master": os.environ["MASTER_ADDR"],
     })
-    from lioncub.distributed import finish
+    from lioncub.comm.distributed import finish
 
     finish()
 
@@ -57,7 +57,7 @@ def link_traffic(local_bytes: int, link_bytes: int) -> None:
     import torch
     import torch.distributed as dist
 
-    from lioncub.lab import link_counters
+    from lioncub.apps.lab import link_counters
 
     def lo() -> dict:
         stats = Path("/sys/class/net/lo/statistics")
@@ -85,7 +85,7 @@ def link_traffic(local_bytes: int, link_bytes: int) -> None:
     if os.environ["LOCAL_RANK"] == "0":
         report({"link": [m[0] for m in marks], "lo": [m[1] for m in marks]})
     dist.barrier()
-    from lioncub.distributed import finish
+    from lioncub.comm.distributed import finish
 
     finish()
 

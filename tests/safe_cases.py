@@ -109,9 +109,9 @@ def clip_cases(rank, world_size, method, max_norms=(1e-3, 1e3), dense_warmup=0):
 
 def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflow_rank=1, clip=None,
             plain_torch_scaler=False):
-    """fp16 autocast + lioncub.amp.GradScaler; rank `overflow_rank` multiplies its loss by 1e30 at
+    """fp16 autocast + lioncub.GradScaler; rank `overflow_rank` multiplies its loss by 1e30 at
     `overflow_step` (its fp16 backward overflows)."""
-    from lioncub.amp import GradScaler
+    from lioncub.integrations.amp import GradScaler
 
     net = model()
     method, layout = _layout(method)
@@ -234,9 +234,9 @@ def warmup_cases(rank, world_size, method="vote-1bit", K=3, steps=6):
 
 
 def ckpt_train(rank, world_size, path, steps, method="vote-1bit", save=True, resume=False, total=None):
-    """Train `steps` steps and save (lioncub.checkpoint) to `path`; or resume from `path` and train on to
+    """Train `steps` steps and save (lioncub.integrations.checkpoint) to `path`; or resume from `path` and train on to
     `total`. Returns parameters and momenta."""
-    from lioncub import checkpoint
+    from lioncub.integrations import checkpoint
 
     net = model()
     opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB, momentum_sync=None)
@@ -254,7 +254,7 @@ def ckpt_train(rank, world_size, path, steps, method="vote-1bit", save=True, res
 
 def ckpt_loaded(rank, world_size, path, method="vote-1bit"):
     """Load `path` and return what was loaded (no training)."""
-    from lioncub import checkpoint
+    from lioncub.integrations import checkpoint
 
     net = model()
     opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB)
@@ -276,7 +276,7 @@ def fake_slurm_rank(procid, ntasks, port, queue):
                       SLURM_STEP_ID="0", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     try:
-        from lioncub.distributed import finish, init_distributed
+        from lioncub.comm.distributed import finish, init_distributed
 
         rank, world = init_distributed(backend="gloo", timeout=30)
         t = torch.tensor([rank + 1.0])
@@ -291,10 +291,10 @@ def fake_slurm_rank(procid, ntasks, port, queue):
 
 
 def ddp_clip_amp(rank, world_size, method, steps=4, max_norm=0.05):
-    """fp16 + lioncub.amp.GradScaler + unscale_ + opt.clip_grad_norm_, rank 1 overflowing at step 2: with
+    """fp16 + lioncub.GradScaler + unscale_ + opt.clip_grad_norm_, rank 1 overflowing at step 2: with
     LionCub alone and with LionCub attached to a DDP model."""
-    from lioncub.amp import GradScaler
-    from lioncub.ddp import attach_ddp
+    from lioncub.integrations.amp import GradScaler
+    from lioncub.integrations.ddp import attach_ddp
 
     out = []
     for hooked in (False, True):

@@ -1,4 +1,4 @@
-"""The agreement statistic (lioncub.agreement) and momentum_sync="adaptive" on local Gloo ranks."""
+"""The agreement statistic (lioncub.optim.agreement) and momentum_sync="adaptive" on local Gloo ranks."""
 
 import math
 
@@ -6,9 +6,10 @@ import adaptive_cases
 import pytest
 import torch
 
-from lioncub import agreement, schedules, wire
-from lioncub.distributed import spawn
+from lioncub.comm import wire
+from lioncub.comm.distributed import spawn
 from lioncub.methods import get
+from lioncub.optim import agreement, schedules
 
 
 def _pack_fields(sums, layout):

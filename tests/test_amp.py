@@ -1,4 +1,4 @@
-"""fp16 autocast + lioncub.amp.GradScaler with one rank overflowing: every rank skips that step, every
+"""fp16 autocast + lioncub.GradScaler with one rank overflowing: every rank skips that step, every
 rank's scale is updated identically, no hang, replicas identical; overlap or not, bit-identical. A plain
 torch.amp.GradScaler is refused on every rank (never a hang). bf16 autocast trains without a scaler."""
 
@@ -6,7 +6,7 @@ import pytest
 import safe_cases
 import torch
 
-from lioncub.distributed import spawn
+from lioncub.comm.distributed import spawn
 
 
 def _check_overflow_skipped_everywhere(reports, methods, overlapped=2):
@@ -54,7 +54,7 @@ def test_scaler_with_unscale_and_clipping(max_norm):
 def test_plain_torch_grad_scaler_is_refused_on_every_rank():
     reports = spawn(safe_cases.plain_torch_scaler, 2, timeout=60)
     for r in reports:
-        assert "lioncub.amp.GradScaler" in r["error"]
+        assert "lioncub.GradScaler" in r["error"]
 
 
 @pytest.mark.parametrize("method", ["vote-1bit", "allreduce"])

@@ -9,7 +9,9 @@ import random
 import pytest
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 
-from lioncub import autotune, methods, schedules
+from lioncub import methods
+from lioncub.apps import autotune
+from lioncub.optim import schedules
 
 SCHEDS = ["none", "every:4", "every:16"]  # schedules the simulator takes directly (int K)
 
@@ -258,7 +260,7 @@ def test_unsynced_share_matches_a_literal_momentum_recurrence():
 
 
 def test_risk_rule_follows_the_measured_map():
-    from lioncub.autotune import risk_rule
+    from lioncub.apps.autotune import risk_rule
 
     r = lambda m, n, s, **kw: autotune.risk(m, n, None, s, 200, **kw)
     assert r("allreduce", 64, "none")["score"] == 0 and r("allreduce", 64, "none")["level"] == "low"
@@ -306,7 +308,7 @@ def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
     import json
     from pathlib import Path
 
-    from lioncub.autotune import risk_rule
+    from lioncub.apps.autotune import risk_rule
 
     path = Path(__file__).resolve().parent.parent / "docs" / "results" / "convergence-map.json"
     res = json.loads(path.read_text())
@@ -325,7 +327,7 @@ def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
 
 def _synthetic_map(mean, se, configs=("vote-1bit", "vote-1bit@adaptive", "vote-pbit"), syncs=0.0):
     """A map whose every cell's ratio - 1 is mean(x) and standard error se(x), x = the rule's features."""
-    from lioncub.autotune import risk_rule
+    from lioncub.apps.autotune import risk_rule
 
     cells = []
     for n, b, f in itertools.product((2, 4, 8), (8, 16, 32), (0.5, 1.0, 2.0)):
@@ -337,7 +339,7 @@ def _synthetic_map(mean, se, configs=("vote-1bit", "vote-1bit@adaptive", "vote-p
 
 
 def test_risk_fit_recovers_a_known_map_and_pools_what_the_map_cannot_tell_apart():
-    from lioncub.autotune import risk_rule
+    from lioncub.apps.autotune import risk_rule
 
     true = [0.004, 0.01, 0.02, 0.005, 0.003, 0.006]  # c0 | harsher lr, batch, N | gentler lr, batch
     spread = [0.01, 0.008, 0.004, 0.001, 0.002, 0.003]
@@ -366,8 +368,8 @@ def test_risk_fit_recovers_a_known_map_and_pools_what_the_map_cannot_tell_apart(
 
 
 def test_builtin_parameter_counts_match_the_torch_models():
-    from lioncub.train.loop import TrainConfig, build
-    from lioncub.train.models import count_params
+    from lioncub.apps.train.loop import TrainConfig, build
+    from lioncub.apps.train.models import count_params
 
     for name in autotune.BUILTIN:
         for block in (64, 32):
@@ -428,9 +430,9 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
     import json
     from pathlib import Path
 
-    from lioncub.autotune import risk_rule
-    from lioncub.train.loop import TrainConfig
-    from lioncub.tuned_lr import DEFAULT_LR
+    from lioncub.apps.autotune import risk_rule
+    from lioncub.apps.train.loop import TrainConfig
+    from lioncub.apps.tuned_lr import DEFAULT_LR
 
     assert risk_rule.FIT["lr0"] == DEFAULT_LR[risk_rule.FIT["model"]] == TrainConfig(model=risk_rule.FIT["model"]).lr
     pre = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
@@ -472,9 +474,9 @@ def test_risk_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
 def test_risk_cli_checks_another_models_map_whole(tmp_path, capsys):
     import json
 
-    from lioncub.autotune import risk_rule
+    from lioncub.apps.autotune import risk_rule
+    from lioncub.apps.tuned_lr import DEFAULT_LR
     from lioncub.cli import main
-    from lioncub.tuned_lr import DEFAULT_LR
 
     def cell(config, ratio, n=4, model="char-medium"):
         return dict(config=config, ranks=n, batch_size=16, lr=DEFAULT_LR[model], ratio=ratio, se=0.0, seeds=[0, 1])

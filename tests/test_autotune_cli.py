@@ -9,8 +9,10 @@ import math
 import pytest
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_step
 
-from lioncub import autotune, methods, schedules
+from lioncub import methods
+from lioncub.apps import autotune
 from lioncub.cli import main
+from lioncub.optim import schedules
 
 SLOW = ["--ranks", "4", "--bandwidth", "100Mbit", "--latency", "50us"]
 
@@ -63,8 +65,8 @@ def test_json_ranked_list_and_output_config(tmp_path, capsys):
 def test_config_round_trips_into_lioncub_and_trainconfig(tmp_path, capsys):
     import torch
 
+    from lioncub.apps.train.loop import TrainConfig
     from lioncub.optim import LionCub
-    from lioncub.train.loop import TrainConfig
 
     cluster = Cluster.for_ranks(16, bandwidth="1Gbit", latency="50us")
     model = autotune.model_spec("char-small", compute_seconds=0.05)

@@ -13,7 +13,7 @@ import sys
 import pytest
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_collective, simulate_step
 
-from lioncub.calibrate import (
+from lioncub.apps.calibrate import (
     DEFAULT_LAB_PROFILE,
     CalibrationError,
     default_lab_profile,
@@ -219,7 +219,7 @@ def test_files_to_write_are_checked_before_measuring(saved, tmp_path, capsys, fl
 
 
 def test_lab_calibration_without_privileges_says_what_is_missing(monkeypatch, capsys, tmp_path):
-    from lioncub.lab import netns
+    from lioncub.apps.lab import netns
 
     monkeypatch.setattr(netns, "missing_privileges", lambda: "lioncub lab needs root: CAP_NET_ADMIN (test)")
     assert main(["calibrate", "--lab", "--output", str(tmp_path / "c.json")]) == 1

@@ -17,8 +17,8 @@ import math
 import pytest
 from lioncub.simulator import BackendProfile
 
-from lioncub.calibrate import calibrate_lab, fit, predict
-from lioncub.lab import Lab, missing_privileges, netns, probes
+from lioncub.apps.calibrate import calibrate_lab, fit, predict
+from lioncub.apps.lab import Lab, missing_privileges, netns, probes
 
 MiB = 2**20
 WHY = missing_privileges()

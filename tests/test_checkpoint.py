@@ -7,8 +7,9 @@ import logging
 import safe_cases
 import torch
 
-from lioncub import LionCub, checkpoint
-from lioncub.distributed import spawn
+from lioncub import LionCub
+from lioncub.comm.distributed import spawn
+from lioncub.integrations import checkpoint
 
 
 def test_save_on_two_resume_on_two_is_bit_exact_and_on_three_averages(tmp_path):

@@ -1,10 +1,10 @@
-"""The convergence map's bookkeeping (lioncub.benchmarks.convergence_map): parts, merge, heat map."""
+"""The convergence map's bookkeeping (lioncub.apps.benchmarks.convergence_map): parts, merge, heat map."""
 
 import json
 
 import pytest
 
-from lioncub.benchmarks import convergence_map as cm
+from lioncub.apps.benchmarks import convergence_map as cm
 
 
 def test_parts_cover_the_grid_once():

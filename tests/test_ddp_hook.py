@@ -5,7 +5,7 @@ import dist_cases
 import pytest
 import torch
 
-from lioncub.distributed import spawn
+from lioncub.comm.distributed import spawn
 
 DDP_OPTIONS = {
     "defaults": {},
@@ -42,7 +42,7 @@ def test_hierarchical_hook_mode_is_bit_identical_to_optimizer_mode(option):
 
 def test_attach_ddp_rejects_what_it_cannot_serve():
     from lioncub import LionCub
-    from lioncub.ddp import attach_ddp, unwrap_optimizer
+    from lioncub.integrations.ddp import attach_ddp, unwrap_optimizer
 
     with pytest.raises(ValueError, match="DistributedDataParallel"):
         attach_ddp(torch.nn.Linear(2, 2), LionCub(torch.nn.Linear(2, 2).parameters()))

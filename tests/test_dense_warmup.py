@@ -9,8 +9,8 @@ import pytest
 import safe_cases
 
 from lioncub import LionCub
-from lioncub.distributed import spawn
-from lioncub.train.loop import TrainConfig
+from lioncub.apps.train.loop import TrainConfig
+from lioncub.comm.distributed import spawn
 
 
 @pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])
@@ -37,8 +37,8 @@ def test_dense_warmup_is_validated_and_recorded():
 
 
 def test_lioncub_train_dense_warmup_flag(tmp_path):
+    from lioncub.apps.train.cli import config_from_args, register
     from lioncub.cli import main
-    from lioncub.train.cli import config_from_args, register
 
     log = tmp_path / "steps.jsonl"
     assert main(["train", "--model", "mlp", "--ranks", "2", "--steps", "4", "--method", "vote-1bit",
@@ -58,8 +58,8 @@ def test_autotune_recommends_a_dense_warmup_by_risk_level():
     import torch
     from lioncub.simulator import Cluster, get_profile
 
-    from lioncub import autotune
-    from lioncub.autotune.risk_rule import dense_warmup_for
+    from lioncub.apps import autotune
+    from lioncub.apps.autotune.risk_rule import dense_warmup_for
 
     assert [dense_warmup_for(level, 10_000) for level in ("low", "medium", "high")] == [0, 200, 500]
     assert dense_warmup_for("high", 1000) == 100  # at most a tenth of the run

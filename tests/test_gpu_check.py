@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lioncub import gpu_check
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+import gpu_check  # noqa: E402  (an operations script, importable from scripts/)
 
 
 def run_check(out, *args, env=None, timeout=240):

@@ -164,8 +164,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_every_installed_package_is_walked():
     modules = lioncub_modules()
-    for name in ("lioncub.cli", "lioncub.wire", "lioncub.kernels.reference", "lioncub.simulator.collectives",
-                 "lioncub.benchmarks.cli", "lioncub.lab.probes", "lioncub.calibrate.cli", "lioncub.autotune.cli"):
+    for name in ("lioncub.cli", "lioncub.comm.wire", "lioncub.kernels.reference", "lioncub.simulator.collectives",
+                 "lioncub.apps.benchmarks.cli", "lioncub.apps.lab.probes", "lioncub.apps.calibrate.cli",
+                 "lioncub.apps.autotune.cli"):
         assert name in modules, name
     assert all(path.is_file() for path in modules.values())
 
@@ -177,16 +178,17 @@ def test_the_cycle_finder_finds_cycles():
 
 def test_relative_imports_are_resolved():
     graph = import_graph()
-    assert "lioncub.lab.netns" in graph["lioncub.lab.lab"]  # from . import netns
-    assert "lioncub.lab.launch" in graph["lioncub.lab.lab"]  # from .launch import ...
-    assert "lioncub.simulator.units" in graph["lioncub.lab.lab"]  # from lioncub.simulator.units import ...
-    assert "lioncub.simulator" in graph["lioncub.lab.lab"]  # ... which runs lioncub.simulator's __init__
-    assert "lioncub.calibrate" in graph["lioncub.calibrate.validate"]  # from . import calibrate_lab
+    assert "lioncub.apps.lab.netns" in graph["lioncub.apps.lab.lab"]  # from . import netns
+    assert "lioncub.apps.lab.launch" in graph["lioncub.apps.lab.lab"]  # from .launch import ...
+    assert "lioncub.simulator.units" in graph["lioncub.apps.lab.lab"]  # from lioncub.simulator.units import ...
+    assert "lioncub.simulator" in graph["lioncub.apps.lab.lab"]  # ... which runs lioncub.simulator's __init__
+    assert "lioncub.apps.calibrate" in graph["lioncub.apps.calibrate.validate"]  # from . import calibrate_lab
 
 
 def test_deferred_imports_are_seen():
-    assert "lioncub.calibrate.cli" not in import_graph()["lioncub.lab.cli"]
-    assert "lioncub.calibrate.cli" in import_graph(deferred=True)["lioncub.lab.cli"]  # `lab validate`'s handler
+    assert "lioncub.apps.calibrate.cli" not in import_graph()["lioncub.apps.lab.cli"]
+    # `lab validate`'s handler
+    assert "lioncub.apps.calibrate.cli" in import_graph(deferred=True)["lioncub.apps.lab.cli"]
 
 
 def test_no_import_cycles():
@@ -198,17 +200,19 @@ def test_no_import_cycles():
 
 def test_calibration_uses_the_lab_and_the_lab_knows_no_probes():
     graph = import_graph(deferred=True)
-    lab = [m for m in graph if m == "lioncub.lab" or m.startswith("lioncub.lab.")]
+    lab = [m for m in graph if m == "lioncub.apps.lab" or m.startswith("lioncub.apps.lab.")]
     # the one way in: `lioncub lab validate`, registered by the lab's CLI, runs calibrate's code
-    into_calibrate = {(m, d) for m in lab for d in graph[m] if d.startswith("lioncub.calibrate")}
-    assert into_calibrate == {("lioncub.lab.cli", "lioncub.calibrate.cli"), ("lioncub.lab.cli", "lioncub.calibrate")}
-    assert "lioncub.lab.probes" not in graph["lioncub.lab.lab"]
+    into_calibrate = {(m, d) for m in lab for d in graph[m] if d.startswith("lioncub.apps.calibrate")}
+    assert into_calibrate == {("lioncub.apps.lab.cli", "lioncub.apps.calibrate.cli"),
+                              ("lioncub.apps.lab.cli", "lioncub.apps.calibrate")}
+    assert "lioncub.apps.lab.probes" not in graph["lioncub.apps.lab.lab"]
 
 
 NO_TORCH = r"""
 import argparse, contextlib, io, pkgutil, sys
-import lioncub.simulator, lioncub.wire, lioncub.benchmarks, lioncub.benchmarks.cli, lioncub.benchmarks.simulator
-import lioncub.lab, lioncub.lab.cli, lioncub.lab.probes, lioncub.calibrate.fit, lioncub.autotune.cli
+import lioncub.simulator, lioncub.comm.wire, lioncub.apps.benchmarks, lioncub.apps.benchmarks.cli
+import lioncub.apps.benchmarks.simulator, lioncub.apps.lab, lioncub.apps.lab.cli, lioncub.apps.lab.probes
+import lioncub.apps.calibrate.fit, lioncub.apps.autotune.cli, lioncub.optim.schedules
 for m in pkgutil.iter_modules(lioncub.simulator.__path__):
     __import__("lioncub.simulator." + m.name)
 from lioncub import cli
@@ -230,7 +234,7 @@ print("ok")
 
 
 def test_pure_python_parts_import_no_torch():
-    """lioncub.simulator, lioncub.wire, the lab's launcher side, the calibration fit, autotune's search and
+    """lioncub.simulator, lioncub.comm.wire, the lab's launcher side, the calibration fit, autotune's search and
     every command's --help (and `simulate`, `bench simulator`) run without importing torch."""
     out = subprocess.run([sys.executable, "-c", NO_TORCH], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr

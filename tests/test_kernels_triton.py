@@ -526,7 +526,7 @@ def lockstep_backends(rank, world_size, methods, steps):
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_optimizer_triton_equals_torch_on_ranks(T, world_size):
-    from lioncub.distributed import spawn
+    from lioncub.comm.distributed import spawn
 
     methods = {2: ["vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit", "l1-pbit"],
                3: ["vote-1bit", "vote-pbit", "l1-pbit"], 4: ["vote-1bit", "vote-allgather", "avg-pbit", "l1-pbit"]}[
@@ -567,7 +567,7 @@ def test_kernels_compile_for_h100_with_vector_accesses():
 
 
 def test_bench_runs_every_gpu_kernel_closure_under_the_interpreter(T):
-    from lioncub.benchmarks import kernels as bench
+    from lioncub.apps.benchmarks import kernels as bench
 
     kernels, steps, (p, g, m) = bench.bucket_ops(T, 3001, torch.float32, torch.device(DEVICE), 4)
     for name, nbytes, fn in kernels:
@@ -579,7 +579,7 @@ def test_bench_runs_every_gpu_kernel_closure_under_the_interpreter(T):
 
 
 def test_bench_cpu_report_and_json(monkeypatch, capsys):
-    from lioncub.benchmarks import kernels as bench
+    from lioncub.apps.benchmarks import kernels as bench
     from lioncub.cli import main
 
     monkeypatch.setattr(torch, "set_num_threads", lambda n: None)  # leave the test process's threads alone

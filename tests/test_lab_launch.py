@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from lioncub.lab import Lab, LabError, missing_privileges, netns, probes
+from lioncub.apps.lab import Lab, LabError, missing_privileges, netns, probes
 
 WHY = missing_privileges()
 RANK = str(Path(__file__).with_name("lab_rank.py"))
@@ -128,7 +128,7 @@ def test_a_killed_rank_fails_the_run_fast_and_nothing_is_left():
 
 OWNER = """
 import sys
-from lioncub.lab import Lab
+from lioncub.apps.lab import Lab
 with Lab(hosts=2, bandwidth="100Mbit") as lab:
     print(lab.network.run_id, flush=True)
     lab.run([sys.argv[1], "hang"])

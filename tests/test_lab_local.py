@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from lioncub.lab import Lab, missing_privileges, netns
+from lioncub.apps.lab import Lab, missing_privileges, netns
 
 WHY = missing_privileges()
 RANK = str(Path(__file__).with_name("lab_rank.py"))

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lioncub.lab import Lab, missing_privileges, netns
+from lioncub.apps.lab import Lab, missing_privileges, netns
 
 WHY = missing_privileges()
 pytestmark = [

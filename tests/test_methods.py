@@ -10,8 +10,10 @@ import pytest
 import torch
 from lioncub.simulator import Cluster, simulate_collective, simulate_step
 
-from lioncub import LionCub, autotune, methods, wire
+from lioncub import LionCub, methods
+from lioncub.apps import autotune
 from lioncub.cli import build_parser
+from lioncub.comm import wire
 
 NAMES = list(methods.NAMES)
 

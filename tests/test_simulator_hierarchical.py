@@ -7,7 +7,8 @@ its busiest link, and in the hierarchical layout the G cross groups' flows share
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step
 
-from lioncub import methods, wire
+from lioncub import methods
+from lioncub.comm import wire
 from lioncub.methods.vote_1bit import chunk_bytes
 
 RINGS = "reducescatter=ring,alltoall=all-at-once,allgather=ring"

@@ -81,7 +81,7 @@ def test_fast_path_matches_the_exact_simulation(name, backend):
 @pytest.mark.parametrize("name", ["flat-8-20us", "hier-4x4-50us", "leaf-8x2-os3"])
 def test_fast_path_with_burst_credit_window_caps_and_reductions(name):
     cluster = Cluster(**CLUSTERS[name])
-    lab = BackendProfile.load(str(files("lioncub") / "data" / "gloo-lab.json"))
+    lab = BackendProfile.load(str(files("lioncub.apps.calibrate") / "data" / "gloo-lab.json"))
     profiles = [get_profile("nccl").replace(link_burst=0.0005, window_bytes=MiB, reduce_bandwidth=3e9),
                 get_profile("gloo").replace(slice_bytes=MiB // 4, host_bandwidth=None), lab]
     for prof, (op, alg) in itertools.product(profiles, _pairs()):
@@ -130,7 +130,7 @@ LB_PROFILES = {
                                   "leaf-8x2-os3"])
 def test_lower_bounds_never_exceed_the_simulated_time(name):
     cluster = Cluster(**CLUSTERS[name])
-    lab = BackendProfile.load(str(files("lioncub") / "data" / "gloo-lab.json"))
+    lab = BackendProfile.load(str(files("lioncub.apps.calibrate") / "data" / "gloo-lab.json"))
     for (pname, prof), n in itertools.product([*LB_PROFILES.items(), ("lab", lab)], [64, 3 * MiB + 5, 40 * MiB]):
         for op, algs in ALGORITHMS.items():
             for alg in algs:

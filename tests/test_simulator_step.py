@@ -5,7 +5,7 @@ import math
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step, sweep
 
-from lioncub import wire
+from lioncub.comm import wire
 
 B = 10e9 / 8
 A = 30e-6

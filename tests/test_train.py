@@ -5,9 +5,9 @@ import os
 
 import pytest
 
+from lioncub.apps.train.loop import TrainConfig, summarize, train_local
+from lioncub.apps.train.predict import momentum_interval, predict_step
 from lioncub.cli import main
-from lioncub.train.loop import TrainConfig, summarize, train_local
-from lioncub.train.predict import momentum_interval, predict_step
 
 ROOT = os.geteuid() == 0
 
@@ -124,7 +124,7 @@ def test_each_models_default_lr_is_the_best_of_its_committed_sweep():
     import statistics
     from pathlib import Path
 
-    from lioncub.benchmarks import convergence_map as cm
+    from lioncub.apps.benchmarks import convergence_map as cm
 
     results = Path(__file__).resolve().parent.parent / "docs" / "results"
     tiny = json.loads((results / "lr-sweep.json").read_text())

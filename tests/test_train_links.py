@@ -10,12 +10,12 @@ import math
 
 import pytest
 
-from lioncub.benchmarks.train import HIER, _configs, bench_convergence, bench_train, format_train
+from lioncub.apps.benchmarks.train import HIER, _configs, bench_convergence, bench_train, format_train
+from lioncub.apps.lab import missing_privileges
+from lioncub.apps.train.cli import config_from_args, register
+from lioncub.apps.train.lab import link_per_step, predicted, prediction
+from lioncub.apps.train.loop import TrainConfig, _lr
 from lioncub.cli import main
-from lioncub.lab import missing_privileges
-from lioncub.train.cli import config_from_args, register
-from lioncub.train.lab import link_per_step, predicted, prediction
-from lioncub.train.loop import TrainConfig, _lr
 
 WHY = missing_privileges()
 

@@ -8,7 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from lioncub.kernels import reference as ref
 
-from lioncub import methods, wire
+from lioncub import methods
+from lioncub.comm import wire
 
 PBIT_METHODS = [m for m, spec in methods.REGISTRY.items() if spec.codec is not None and spec.codec.kind == "fields"]
 

@@ -3,11 +3,11 @@ wire) and run plain Lion on the mean, so every rank holds the same momentum."""
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import Exchange, LazyModule, Method
 
 torch = LazyModule("torch")
-transport = LazyModule("lioncub.transport")
+transport = LazyModule("lioncub.comm.transport")
 
 
 class Allreduce(Method):

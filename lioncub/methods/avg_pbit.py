@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import FieldMethod
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 
-from lioncub import wire
+from lioncub.comm import wire
 
 
 class LazyModule:
@@ -27,7 +27,7 @@ class Method:
 
     name: the string users pass (`LionCub(method=...)`, `--method`).
     summary: one line for help texts.
-    codec: what the codec kernels do (lioncub.wire.Codec); None for a dense method, whose ranks average
+    codec: what the codec kernels do (lioncub.comm.wire.Codec); None for a dense method, whose ranks average
         gradients and share one momentum (the baseline).
     max_value: the largest value one rank puts in a p-bit field (fields codecs), as a function of levels.
     """
@@ -135,7 +135,7 @@ class FieldMethod(Method):
 
 torch = LazyModule("torch")
 dist = LazyModule("torch.distributed")
-transport = LazyModule("lioncub.transport")
+transport = LazyModule("lioncub.comm.transport")
 
 
 class Exchange:

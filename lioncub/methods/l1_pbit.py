@@ -4,7 +4,7 @@ vote; more levels carry each rank's magnitude."""
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import FieldMethod
 
 

@@ -4,12 +4,12 @@ signs, each rank votes on its chunk (bit-sliced popcount), and an all-gather ret
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import Exchange, LazyModule, Method
 
 torch = LazyModule("torch")
 kernels = LazyModule("lioncub.kernels")
-transport = LazyModule("lioncub.transport")
+transport = LazyModule("lioncub.comm.transport")
 
 
 def chunk_bytes(n: int, world_size: int) -> int:

@@ -3,12 +3,12 @@ votes itself: (N-1) bits per parameter per rank, growing with N (what Lion Cub s
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import Exchange, LazyModule, Method
 
 torch = LazyModule("torch")
 kernels = LazyModule("lioncub.kernels")
-transport = LazyModule("lioncub.transport")
+transport = LazyModule("lioncub.comm.transport")
 
 
 class VoteAllgather(Method):

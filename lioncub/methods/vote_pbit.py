@@ -4,7 +4,7 @@ exactly zero abstains."""
 
 from __future__ import annotations
 
-from lioncub import wire
+from lioncub.comm import wire
 from lioncub.methods.base import FieldMethod
 
 

@@ -1,0 +1,149 @@
+"""Models and GPUs: the compute time per step of a preset, a built-in model or N parameters."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from lioncub.simulator.units import format_time, parse_count, parse_time
+
+# name -> peak dense bf16/fp16 tensor FLOP/s and memory bandwidth. The default assumption: an A100-class
+# GPU reaching UTILIZATION of its peak in training (a typical large-model MFU).
+GPUS = {
+    "a100": dict(label="A100-class", peak_flops=312e12, memory_bandwidth=2.0e12),
+    "h100": dict(label="H100-class (SXM)", peak_flops=989e12, memory_bandwidth=3.35e12),
+    "v100": dict(label="V100-class", peak_flops=125e12, memory_bandwidth=0.9e12),
+}
+DEFAULT_GPU = "a100"
+UTILIZATION = 0.40
+
+# name -> parameters, training FLOPs per sample (forward + backward = 3x forward), default samples per rank
+# per step, what a sample is. Transformers: 6 * params * tokens (per sequence of `seq` tokens);
+# ResNet-50: 4.1 GMAC forward at 224x224 -> 3 * 8.2 GFLOP; ViT-B/16: 17.6 GMAC -> 3 * 35.2 GFLOP.
+PRESETS = {
+    "gpt2-124m": dict(params=124_439_808, seq=1024, batch=8, what="sequences of 1024 tokens"),
+    "gpt2-350m": dict(params=354_823_168, seq=1024, batch=8, what="sequences of 1024 tokens"),
+    "resnet50": dict(params=25_557_032, flops_per_sample=3 * 8.2e9, batch=256, what="224x224 images"),
+    "vit-b16": dict(params=86_567_656, flops_per_sample=3 * 35.2e9, batch=128, what="224x224 images"),
+}
+BUILTIN = ("char-tiny", "char-small", "char-medium", "mlp")  # lioncub.apps.train.models (trainable here)
+DEFAULT_TOKENS = 8192  # --params N without --tokens: 8 sequences of 1024 tokens per rank
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str  # preset / built-in name, or "custom"
+    params: int
+    compute_seconds: float  # forward + backward per rank per step
+    compute_basis: str  # how compute_seconds was obtained, in words
+    builtin: bool = False
+    batch_size: int | None = None  # built-in: TrainConfig.batch_size
+    block_size: int | None = None  # built-in char models: TrainConfig.block_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+_CHAR_SHAPES = {"char-tiny": (2, 128), "char-small": (4, 256), "char-medium": (6, 384)}  # (layers, width)
+
+
+def _char_vocab() -> int:
+    from pydoc_data.topics import topics  # what lioncub.apps.train.data.CharText reads
+
+    return len(set("".join(topics.values())))
+
+
+def builtin_params(name: str, block_size: int = 64) -> int:
+    """Parameters of a built-in model, counted without torch (the tests check them against the torch
+    models): the char transformer is nanoGPT-shaped (lioncub.apps.train.models) over the characters of
+    pydoc_data.topics; the MLP is 32 -> 256 -> 256 -> 10."""
+    if name == "mlp":
+        dims = [32, 256, 256, 10]
+        return sum(a * b + b for a, b in zip(dims, dims[1:]))
+    layers, c = _CHAR_SHAPES[name]
+    v = _char_vocab()
+    block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c)
+    return v * c + block_size * c + layers * block + 2 * c + c * v  # embeddings, blocks, ln_f, head
+
+
+def _count(value, what: str) -> float:
+    try:
+        v = parse_count(value)
+    except ValueError as exc:
+        raise ValueError(f"{what}: {exc}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise ValueError(f"{what} must be positive, got {value!r}")
+    return v
+
+
+def model_spec(model: str | None = None, params=None, *, batch: int | None = None, seq_len: int | None = None,
+               tokens=None, block_size: int | None = None, compute_seconds=None, flops=None,
+               gpu: str = DEFAULT_GPU) -> ModelSpec:
+    """The model to tune for: a preset, a built-in model or `params` parameters, and its compute time per
+    step (given, or training FLOPs per step / achieved FLOP/s, by default the GPU's peak x UTILIZATION)."""
+    if model is not None and params is not None:
+        raise ValueError("give --model or --params, not both")
+    if model is None and params is None:
+        raise ValueError("give the model: --model NAME (" + ", ".join(list(PRESETS) + list(BUILTIN))
+                         + ") or --params N (e.g. 1.3B)")
+    if gpu not in GPUS:
+        raise ValueError(f"unknown --gpu {gpu!r}; choose one of: {', '.join(GPUS)}")
+    for name, v in (("batch", batch), ("seq-len", seq_len), ("block-size", block_size)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"--{name} must be a positive integer, got {v!r}")
+    if flops is not None:
+        achieved = _count(flops, "--flops")
+        flops_text = f"{achieved / 1e12:.4g} TFLOP/s (given)"
+    else:
+        g = GPUS[gpu]
+        achieved = g["peak_flops"] * UTILIZATION
+        flops_text = (f"{achieved / 1e12:.4g} TFLOP/s (assumed GPU: {g['label']}, "
+                      f"{g['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak at {UTILIZATION:.0%})")
+    builtin = False
+    bs = blk = None
+    if params is not None:
+        P = int(_count(params, "--params"))
+        if P < 1:
+            raise ValueError(f"--params must be at least 1, got {params!r}")
+        name = "custom"
+        if tokens is None and batch is not None:
+            tokens = batch * (seq_len or 1024)
+        t = _count(tokens, "--tokens") if tokens is not None else DEFAULT_TOKENS
+        flops_step = 6.0 * P * t
+        work = f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank"
+    elif model in PRESETS:
+        spec = PRESETS[model]
+        name, P = model, spec["params"]
+        b = batch or spec["batch"]
+        if "seq" in spec:
+            t = _count(tokens, "--tokens") if tokens is not None else b * (seq_len or spec["seq"])
+            flops_step = 6.0 * P * t
+            work = f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank"
+        else:
+            if tokens is not None or seq_len is not None:
+                raise ValueError(f"{model} is not a sequence model: give --batch (images per rank), not tokens")
+            flops_step = spec["flops_per_sample"] * b
+            work = f"{b} {spec['what']} per rank x {spec['flops_per_sample'] / 1e9:.4g} GFLOP"
+    elif model in BUILTIN:
+        name, builtin = model, True
+        bs = batch or 16
+        blk = (block_size or seq_len or 64) if model != "mlp" else 64
+        P = builtin_params(model, blk)
+        t = bs * (blk if model != "mlp" else 1)
+        flops_step = 6.0 * P * t
+        work = f"6 x {P / 1e6:.4g}M params x {t} {'tokens' if model != 'mlp' else 'samples'} per rank"
+    else:
+        raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(list(PRESETS) + list(BUILTIN))}, "
+                         "or give --params N")
+    if compute_seconds is not None:
+        try:
+            c = parse_time(compute_seconds)
+        except ValueError as exc:
+            raise ValueError(f"--compute-seconds: {exc}") from None
+        if not c >= 0:
+            raise ValueError(f"--compute-seconds must be >= 0, got {compute_seconds!r}")
+        basis = f"{format_time(c)} per step (given)"
+    else:
+        c = flops_step / achieved
+        basis = f"{format_time(c)} per step = {work} / {flops_text}"
+    return ModelSpec(name, P, c, basis, builtin, bs, blk)

@@ -1,0 +1,396 @@
+"""The search space, the search over it and the recommendation."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import lioncub.methods as registry
+from lioncub.comm import wire
+from lioncub.optim import schedules
+from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
+from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
+from lioncub.simulator.step import DDP_BUCKET_MB
+from lioncub.simulator.units import format_time, parse_byte_rate
+
+from .risk_rule import MEASURED_AT, _sync_steps, dense_warmup_for, risk
+
+# ---------------------------------------------------------------------------------------------------------
+# the search
+# ---------------------------------------------------------------------------------------------------------
+DEFAULT_BUCKETS_MB = (4.0, 25.0, 100.0)
+EVERY_KS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+GEOMETRIC_KS = (2, 8, 32)
+BASELINE_BUCKET_MB = DDP_BUCKET_MB  # the reference: PyTorch DDP's default bucket_cap_mb
+
+
+def default_schedules(steps: int) -> list[str]:
+    """none, every:K for K < steps, first:1:M and first:8:M with M = steps // 10, geometric:K, adaptive."""
+    out = ["none"] + [f"every:{k}" for k in EVERY_KS if k < steps]
+    m = steps // 10
+    if m >= 2:
+        out += [f"first:1:{m}"] + ([f"first:8:{m}"] if m > 8 else [])
+    out += [f"geometric:{k}" for k in GEOMETRIC_KS]
+    return out + ["adaptive"]
+
+
+def normalize_schedule(text: str) -> str:
+    """A schedule in `schedules.describe` form ("none", "every:K", "first:K:M", "geometric:K")."""
+    return schedules.describe(schedules.parse(text))
+
+
+MAX_LEVELS = 127  # Lion Cub's int8-motivated range: more levels than this buy no measurable accuracy
+
+
+def l1_levels_candidates(ranks: int, extra_bits: int = 4) -> list[int]:
+    """The default levels, then for each field up to `extra_bits` wider the most levels that fit in it
+    (at most MAX_LEVELS)."""
+    l1 = registry.get("l1-pbit")
+    s0 = l1.resolve_levels(ranks)
+    w0 = l1.layout(ranks, s0).width
+    out = [s0]
+    for w in range(w0 + 1, min(wire.MAX_FIELD_WIDTH, w0 + extra_bits) + 1):
+        s = (2**w - 1) // (2 * ranks)
+        if s > MAX_LEVELS:
+            break
+        if s > out[-1] and l1.layout(ranks, s).width == w:
+            out.append(s)
+    return out
+
+
+def _bucket_layout(params: int, bucket_mb: float) -> tuple[int, int]:
+    per = max(1, int(bucket_mb * 2**20 // 4))
+    return (min(per, params), params // per if per < params else 1)
+
+
+@dataclass
+class Candidate:
+    method: str
+    levels: int | None
+    momentum_sync: str
+    bucket_mb: float
+    layout: str  # "flat", or "hierarchical": LionCub(hierarchical=True, node_size=gpus_per_node)
+    step_seconds: float
+    compute_seconds: float
+    codec_seconds: float
+    optimizer_seconds: float
+    communication_seconds: float
+    exposed_communication_seconds: float
+    momentum_sync_seconds: float
+    bytes_per_step: float  # sent per rank per step, syncs amortized
+    speedup: float  # over the reference baseline
+    syncs_per_step: float
+    collectives: list = field(default_factory=list)
+    risk: dict = field(default_factory=dict)
+    # the planned run's first dense steps: the adaptive guard's start, or the dense warm-up the config
+    # recommends at medium or high risk (LionCub(dense_warmup=K)); each costs an allreduce step
+    dense_steps: int = 0
+    dense_step_seconds: float = 0.0  # one of them: an allreduce step in the same buckets
+    run_step_seconds: float = 0.0  # the mean step over the planned run, dense steps included
+    run_speedup: float = 0.0
+
+    @property
+    def dense(self) -> bool:
+        """Gradient averaging (the baseline): no momentum sync, no convergence risk."""
+        return registry.get(self.method).dense
+
+    @property
+    def deployable(self) -> bool:
+        """Every configuration searched runs as it is (LionCub implements both layouts); kept for the
+        JSON's readers."""
+        return True
+
+    @property
+    def algorithms(self) -> dict:
+        """What the backend chose per collective: {what: algorithm}."""
+        out: dict = {}
+        for c in self.collectives:
+            out.setdefault(c["what"], [])
+            if c["algorithm"] not in out[c["what"]]:
+                out[c["what"]].append(c["algorithm"])
+        return {k: "/".join(v) for k, v in out.items()}
+
+    def algorithm_summary(self) -> str:
+        """Compact: the method's collective algorithms, then the momentum sync's (e.g. 'a2a:all-at-once+ag:ring,
+        sync:ring')."""
+        short = lambda a: a.replace("allreduce:", "").replace("alltoall:", "a2a:").replace("allgather:", "ag:")
+        algs = self.algorithms
+        out = short(algs.get(self.method, "-"))
+        if "momentum-sync" in algs:
+            out += ", sync:" + short(algs["momentum-sync"])
+        return out
+
+    def label(self) -> str:
+        s = self.method + (f" s={self.levels}" if self.levels else "")
+        if not self.dense:
+            s += f", sync {self.momentum_sync}"
+        return s + f", {self.bucket_mb:g} MiB, {self.layout}"
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["algorithms"] = self.algorithms
+        d["deployable"] = self.deployable
+        return d
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]  # every configuration, ranked by step time (risk not applied)
+    ranked: list[Candidate]  # those within max_risk, fastest first
+    baseline: dict  # the reference allreduce step (StepResult.to_dict())
+    max_risk: float
+    seconds: float
+    collectives_simulated: int
+    space: dict
+
+    def best_per_method(self) -> list[Candidate]:
+        """The fastest configuration of each method (either layout) within the risk bound."""
+        seen, out = set(), []
+        for c in self.ranked:
+            if c.method not in seen:
+                seen.add(c.method)
+                out.append(c)
+        return out
+
+    def twin(self, c: Candidate, layout: str) -> Candidate | None:
+        """The same configuration with another collective layout."""
+        return next((x for x in self.candidates if x.layout == layout and (x.method, x.levels, x.momentum_sync,
+                     x.bucket_mb) == (c.method, c.levels, c.momentum_sync, c.bucket_mb)), None)
+
+
+def _profile_for(profile: BackendProfile, algorithms: str) -> BackendProfile:
+    if algorithms == "all":
+        return profile.replace(algorithms={op: [a for a in algs if a != "hierarchical"]
+                                           for op, algs in ALL_ALGORITHMS.items()})
+    return profile
+
+
+def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nccl", steps: int = 10_000,
+           methods=registry.NAMES, bucket_mbs=DEFAULT_BUCKETS_MB, momentum_syncs=None, levels: int | None = None,
+           algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
+           beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
+           progress: bool = False, batch_size: int | None = None, lr: float | None = None,
+           tuned_lr: float | None = None) -> SearchResult:
+    """Simulate every configuration of the search space and rank those within `max_risk` by step time.
+
+    backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
+    steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
+    batch_size, lr: the per-rank batch and learning rate the risk rule reads (None: the tuned defaults); tuned_lr:
+        the lr the model's allreduce baseline trains best at, which the rule reads lr against (None: the map's).
+    overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
+        `LionCub(method="allreduce")` does (False).
+    momentum_syncs: schedule strings (default: `default_schedules(steps)`).
+    levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
+    algorithms: which collective algorithms `auto` chooses from, and the layouts: "backend" (the backend's
+        algorithms; with several GPUs per node each compressed method also in LionCub's hierarchical
+        layout), "flat" (no hierarchical layout), "all" (every algorithm the simulator models, both
+        layouts).
+
+    Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
+    step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
+    """
+    t0 = time.perf_counter()
+    space = _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, algorithms)
+    profile = _profile_for(get_profile(backend), algorithms)
+    cache = cache if cache is not None else Cache()
+    step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=parse_byte_rate(memory_bandwidth),
+                   overlap=overlap, cache=cache)
+    base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
+    cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
+                            dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
+    order = {m: i for i, m in enumerate(registry.NAMES)}
+    cands.sort(key=lambda c: (c.run_step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
+    ranked = [c for c in cands if c.risk["score"] <= max_risk]
+    space = dict(space, algorithms=algorithms, steps=steps,
+                 algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
+    return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
+                        space)
+
+
+def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, algorithms) -> dict:
+    """The configurations to simulate, validated: methods, L1 levels, buckets, layouts, sync schedules."""
+    if algorithms not in ("backend", "flat", "all"):
+        raise ValueError(f"algorithms must be backend, flat or all, got {algorithms!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps (the planned run length) must be a positive integer, got {steps!r}")
+    methods = [registry.check(m) for m in dict.fromkeys(methods)]
+    if not methods:
+        raise ValueError("no methods to search")
+    N = cluster.ranks
+    bucket_mbs = sorted({float(b) for b in bucket_mbs})
+    if not bucket_mbs or any(not b > 0 for b in bucket_mbs):
+        raise ValueError(f"bucket sizes must be positive MiB, got {bucket_mbs!r}")
+    same: dict = {}  # sizes that cut the model the same way are one candidate: DDP's 25 MiB, else the smallest
+    for b in bucket_mbs:
+        same.setdefault(_bucket_layout(params, b), []).append(b)
+    buckets = sorted(BASELINE_BUCKET_MB if BASELINE_BUCKET_MB in v else v[0] for v in same.values())
+    scheds = list(dict.fromkeys(normalize_schedule(s) for s in (momentum_syncs or default_schedules(steps))))
+    for s in scheds:
+        if s.startswith("every:") and int(s.split(":")[1]) > steps:
+            raise ValueError(f"momentum sync {s} never syncs in a {steps}-step run (--steps)")
+    # LionCub's hierarchical layout (compressed methods): nodes of gpus_per_node ranks, N/G voters
+    layouts = ["flat"]
+    if algorithms != "flat" and cluster.gpus_per_node > 1 and cluster.nodes > 1:
+        layouts.append("hierarchical")
+    if levels is not None and (isinstance(levels, bool) or not isinstance(levels, int) or levels < 1):
+        raise ValueError(f"levels must be a positive integer, got {levels!r}")
+    l1_levels = {lay: _l1_levels(N if lay == "flat" else cluster.nodes, levels) for lay in layouts}
+    return dict(ranks=N, node_size=cluster.gpus_per_node, methods=methods, l1_levels=l1_levels["flat"],
+                bucket_mb=buckets, layouts=layouts, momentum_syncs=scheds, l1_levels_by_layout=l1_levels)
+
+
+def _l1_levels(voters: int, levels: int | None) -> list[int]:
+    """l1-pbit's levels to search for this many voters (N; the nodes in the hierarchical layout)."""
+    l1 = registry.get("l1-pbit")
+    if levels is not None:
+        return [l1.resolve_levels(voters, levels)]  # raises if it cannot fit
+    if voters <= MEASURED_AT:  # the risk rule gives more levels no benefit here: they would only cost bytes
+        return [l1.resolve_levels(voters)]
+    return l1_levels_candidates(voters)
+
+
+def _risk(method, levels, sync, layout, space, steps, beta2, share, regime) -> dict:
+    """The convergence risk of a configuration. In the hierarchical layout a node votes as one voter with G
+    times the per-rank batch: N/G voters of batch G x b (what the map's regimes are in)."""
+    N, G, regime = space["ranks"], space["node_size"], dict(regime or {})
+    if layout == "hierarchical":
+        N //= G
+        if regime.get("batch_size"):
+            regime["batch_size"] *= G
+    return risk(method, N, levels, sync, steps, beta2, _share=share, **regime)
+
+
+def _credit_bytes(r, layout: str, G: int) -> float:
+    """The bytes per rank the adaptive guard's credit counts (LionCub._credit_bytes): those that leave the
+    node in the hierarchical layout (the NIC's bytes over its G ranks), every byte sent in the flat one."""
+    return r.nic_bytes_per_node / G if layout == "hierarchical" else r.bytes_sent_per_rank
+
+
+def _guard_price(s: str, steps: int, beta2: float, warmup: int, step_bytes: float, dense_bytes: float,
+                 sync_bytes: float) -> tuple[int, float]:
+    """(dense steps, syncs per compressed step) of the adaptive guard `s` in a `steps`-step run after a
+    dense warm-up of `warmup` steps, at worst: its whole byte credit spent on syncs (how many it makes
+    depends on the ranks' agreement). As in LionCub, the run is dense until the later of the warm-up and
+    the guard's start, and only the start's steps after the warm-up are charged to the credit."""
+    sched = schedules.resolve(schedules.parse(s))
+    start = sched.start_steps([(0.9, beta2)])  # LionCub's default beta1
+    dense = min(steps, max(warmup, start))
+    rest = steps - dense
+    credit = sched.budget * step_bytes * rest - max(0, min(start, steps) - warmup) * dense_bytes
+    if rest == 0 or sync_bytes <= 0 or credit < sync_bytes:
+        return dense, 0.0
+    return dense, min(rest, math.floor(credit / sync_bytes)) / rest
+
+
+def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, progress,
+                    regime=None) -> list[Candidate]:
+    """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
+    no-sync step plus their syncs per step times one sync. The planned run's dense steps (the adaptive
+    guard's start; the dense warm-up at medium or high risk) cost an allreduce step each."""
+    N, G = cluster.ranks, cluster.gpus_per_node
+    groups = [(m, lv, b, lay) for m in space["methods"] for lay in space["layouts"]
+              if lay == "flat" or not registry.get(m).dense
+              for lv in (space["l1_levels_by_layout"][lay] if registry.get(m).uses_levels else [None])
+              for b in space["bucket_mb"]]
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
+    share: dict = {}
+    rates: dict = {}
+    dense: dict = {}
+    cands: list[Candidate] = []
+    try:
+        for m, lv, b, lay in groups:
+            def sim(k, m=m, lv=lv, b=b, hier=lay == "hierarchical"):
+                return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=hier, **step_kw)
+
+            if b not in dense:  # a dense step: the gradients' allreduce in the same buckets
+                dense[b] = simulate_step(cluster, "allreduce", params, None, b, **step_kw)
+            r0 = sim(None)
+            per_sync = None
+            for s in (["none"] if registry.get(m).dense or N == 1 else space["momentum_syncs"]):
+                rk = _risk(m, lv, s, lay, space, steps, beta2, share, regime)
+                # the dense warm-up the config recommends at this risk (none at low risk, as for allreduce;
+                # the guard's start may run longer)
+                n_dense = dense_warmup_for(rk["level"], steps)
+                if s == "none":
+                    r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
+                elif s.startswith("every:"):
+                    r = sim(int(s.split(":")[1]))
+                    rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
+                else:
+                    if per_sync is None:
+                        r1 = sim(1)
+                        per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
+                                    _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
+                    if s.startswith("adaptive"):
+                        n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
+                                                   _credit_bytes(dense[b], lay, G), per_sync[2])
+                    else:
+                        if s not in rates:
+                            rates[s] = len(_sync_steps(s, steps)) / steps
+                        rate = rates[s]
+                    r = r0
+                    extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
+                step = r.step_seconds + extra_t
+                run_step = (n_dense * dense[b].step_seconds + (steps - n_dense) * step) / steps
+                cands.append(Candidate(
+                    method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
+                    compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
+                    optimizer_seconds=r.optimizer_seconds,
+                    communication_seconds=r.communication_seconds + extra_t,
+                    exposed_communication_seconds=r.exposed_communication_seconds + extra_t,
+                    momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
+                    bytes_per_step=r.bytes_sent_per_rank + extra_b,
+                    speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
+                    collectives=r.collectives, risk=rk, dense_steps=n_dense,
+                    dense_step_seconds=dense[b].step_seconds if n_dense else 0.0, run_step_seconds=run_step,
+                    run_speedup=base_step / run_step if run_step > 0 else math.inf))
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return cands
+
+
+# ---------------------------------------------------------------------------------------------------------
+# recommendation
+# ---------------------------------------------------------------------------------------------------------
+def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidate | None, str]:
+    """(the configuration to run, a verdict in words). The fastest configuration (either layout) within
+    the risk bound, unless it is a compressed method that beats the best allreduce configuration by less
+    than `min_speedup`: then compression does not pay and the baseline is recommended."""
+    if not result.ranked:
+        return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
+    best = result.ranked[0]
+    ar = next((c for c in result.ranked if c.method == "allreduce"), None)
+    notes = []
+    if best.layout == "hierarchical" and (flat := result.twin(best, "flat")) is not None:
+        notes.append(f"the hierarchical layout (nodes of {result.space['node_size']}) is "
+                     f"{flat.step_seconds / best.step_seconds:.2f}x faster than the same configuration flat")
+    if result.space.get("ranks") == 1:
+        verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
+    elif best.method == "allreduce":
+        verdict = (f"compression does not pay here: the allreduce baseline is fastest "
+                   f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
+                   f"the compressed methods' does, and they add codec time). Use allreduce.")
+    elif ar is not None and ar.run_step_seconds / best.run_step_seconds < min_speedup:
+        verdict = (f"compression does not pay enough: the best compressed configuration ({best.label()}) is only "
+                   f"{ar.run_step_seconds / best.run_step_seconds:.2f}x faster than allreduce (< --min-speedup "
+                   f"{min_speedup:g}) for {best.risk['level']} convergence risk. Use allreduce.")
+        best = ar
+    else:
+        ref = ar.step_seconds / best.step_seconds if ar is not None else None
+        start = (f"; {best.run_speedup:.2f}x over the whole run, whose first {best.dense_steps} steps are dense"
+                 if best.dense_steps else "")
+        verdict = (f"{best.method} pays: {best.speedup:.2f}x the default allreduce step"
+                   + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "") + start
+                   + f", {best.risk['level']} convergence risk ({best.risk['score']:.2f}).")
+    if notes:
+        verdict += " Note: " + "; ".join(notes) + "."
+    return best, verdict

@@ -1,0 +1,311 @@
+"""The training loop behind `lioncub train`: one function per rank, the same under torchrun, a local spawn
+or the emulated-Ethernet lab."""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from lioncub import methods
+from lioncub.apps.train import DDP_LION
+from lioncub.apps.train.data import Blobs, CharText
+from lioncub.apps.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.apps.tuned_lr import DEFAULT_LR
+from lioncub.comm import transport, wire
+from lioncub.comm.distributed import broadcast_parameters
+from lioncub.comm.transport import group_rank_size
+from lioncub.optim import LionCub, schedules
+from lioncub.optim.lion import Lion
+
+MODELS = tuple(PRESETS) + ("mlp",)
+METHODS = methods.NAMES + (DDP_LION,)
+
+
+@dataclass
+class TrainConfig:
+    model: str = "char-tiny"
+    method: str = "l1-pbit"
+    levels: int | None = None
+    momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
+    dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
+    lr: float | None = None  # None: the model's DEFAULT_LR, the best of a measured sweep
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    warmup: int = 10
+    steps: int = 100
+    batch_size: int = 16
+    block_size: int = 64
+    bucket_mb: float | None = None  # None: LionCub's default (lioncub.comm.wire.auto_bucket_mb)
+    grad_wire_dtype: str = "float32"
+    overlap: bool = True
+    ddp_hook: bool = False  # wrap the model in torch DDP and attach LionCub to it (lioncub.attach_ddp)
+    hierarchical: bool = False  # LionCub's hierarchical layout: average inside a node, vote across nodes
+    node_size: int | None = None  # ranks per node for `hierarchical` (None: torchrun's LOCAL_WORLD_SIZE)
+    seed: int = 0
+    eval_batches: int = 8
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    threads: int = 0  # torch threads per rank (0: leave as is)
+    device: str = "cpu"  # where the model, data and optimizer live ("cuda", "cuda:1", ...)
+    timing: bool = False  # LionCub(timing=True): exact phase times on CUDA, and every collective timed by name
+
+    def __post_init__(self):
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.lr is None:
+            self.lr = DEFAULT_LR[self.model]
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.steps < 1 or self.batch_size < 1 or self.block_size < 2 or self.warmup < 0:
+            raise ValueError("steps and batch_size must be >= 1, block_size >= 2 and warmup >= 0")
+        schedules.parse(self.momentum_sync)  # validate early
+        if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
+            raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
+        if self.hierarchical and self.method in (DDP_LION, "allreduce"):
+            raise ValueError("hierarchical applies to the compressed methods")
+        if self.node_size is not None and self.node_size < 1:
+            raise ValueError(f"node_size must be >= 1, got {self.node_size}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TrainConfig:
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown training options: {', '.join(sorted(unknown))}")
+        return cls(**d)
+
+
+def build(cfg: TrainConfig):
+    """(model, dataset) for the config, identically initialised on every rank."""
+    torch.manual_seed(cfg.seed)
+    if cfg.model == "mlp":
+        return MLP(), Blobs(seed=cfg.seed)
+    data = CharText()
+    gpt = GPTConfig(vocab_size=data.vocab_size, block_size=cfg.block_size, **PRESETS[cfg.model])
+    return CharTransformer(gpt), data
+
+
+def _lr(cfg: TrainConfig, step: int) -> float:
+    if step <= cfg.warmup:
+        return cfg.lr * step / max(1, cfg.warmup)
+    progress = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
+
+
+def _ckpt_path(directory: str, step: int, rank: int) -> str:
+    return os.path.join(directory, f"step{step:07d}-rank{rank}.pt")
+
+
+def _latest_checkpoint(directory: str) -> tuple[int, list[str]] | None:
+    steps = {}
+    for path in glob.glob(os.path.join(directory, "step*-rank*.pt")):
+        name = os.path.basename(path)
+        step, rank = int(name[4:11]), int(name.split("rank")[1][:-3])
+        steps.setdefault(step, {})[rank] = path
+    for step in sorted(steps, reverse=True):  # the newest step that every rank of that run saved
+        if sorted(steps[step]) == list(range(len(steps[step]))):
+            return step, [steps[step][r] for r in sorted(steps[step])]
+    return None
+
+
+def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
+    os.makedirs(cfg.checkpoint_dir, exist_ok=True)
+    path = _ckpt_path(cfg.checkpoint_dir, step, rank)
+    tmp = path + ".tmp"
+    torch.save(dict(model=model.state_dict(), opt=opt.state_dict(), step=step,
+                    config=dataclasses.asdict(cfg), records=records), tmp)
+    os.replace(tmp, path)  # atomic: a crash never leaves a half-written checkpoint
+    return path
+
+
+def _mean_over_ranks(value: float) -> float:
+    if not dist.is_initialized():
+        return value
+    t = torch.tensor([value], dtype=torch.float64, device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(t)
+    return t.item() / dist.get_world_size()
+
+
+@torch.no_grad()
+def evaluate(model, data, cfg: TrainConfig) -> float:
+    """Mean loss over fixed validation batches, averaged over ranks (every rank gets the same number)."""
+    model.eval()
+    rank, world = group_rank_size()
+    losses = []
+    for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
+        losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
+    model.train()
+    return _mean_over_ranks(statistics.fmean(losses))
+
+
+def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
+    """Train on this rank (torch.distributed initialised, or a single process). Returns a summary; rank 0's
+    summary holds the per-step records."""
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    rank, world = group_rank_size()
+    model, data = build(cfg)
+    model.to(cfg.device)
+    broadcast_parameters(model)
+    opt, net = make_optimizer(cfg, model), model
+    if (cfg.method == DDP_LION or cfg.ddp_hook) and dist.is_initialized():
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg.ddp_hook:
+            from lioncub.integrations.ddp import attach_ddp
+
+            attach_ddp(net, opt)
+    start, records = 0, []
+    if cfg.resume and cfg.checkpoint_dir:
+        found = _latest_checkpoint(cfg.checkpoint_dir)
+        if found:
+            step, paths = found
+            path = paths[rank] if len(paths) == world else paths[0]
+            state = torch.load(path, weights_only=False)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+            start, records = state["step"], state["records"]
+    bar = None
+    if progress and rank == 0:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.method} x{world}", unit="step", leave=False)
+    for step in range(start + 1, cfg.steps + 1):
+        for group in opt.param_groups:
+            group["lr"] = _lr(cfg, step)
+        t0 = time.perf_counter()
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        x, y = x.to(cfg.device), y.to(cfg.device)
+        opt.zero_grad()
+        _, loss = net(x, y)
+        loss.backward()
+        t1 = time.perf_counter()
+        opt.step()
+        t2 = time.perf_counter()
+        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, lr=opt.param_groups[0]["lr"],
+                            **_step_figures(opt, t1 - t0, world)))
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
+        if on_step is not None:
+            on_step(records[-1])
+        if cfg.checkpoint_dir and cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint(cfg, model, opt, step, rank, records)
+    if bar is not None:
+        bar.close()
+    if cfg.checkpoint_dir:
+        save_checkpoint(cfg, model, opt, cfg.steps, rank, records)
+    return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
+
+
+def make_optimizer(cfg: TrainConfig, model):
+    if cfg.method == DDP_LION:
+        return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+    return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
+                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
+                   dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
+                   timing=cfg.timing)
+
+
+def _step_figures(opt, backward_s: float, world: int) -> dict:
+    """Per-step compute, codec, communication and bytes. DDP's own communication is not instrumented: its
+    backward time includes the exposed all-reduce tail, and its bytes are the fp32 ring's."""
+    s = getattr(opt, "stats", None)
+    if s is None:
+        nbytes = sum(p.numel() * 4 for g in opt.param_groups for p in g["params"])
+        return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0,
+                    bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
+    return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
+                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent,
+                node_bytes_sent=s.last_node_bytes_sent, agreement=s.last_agreement)
+
+
+def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
+    timed = records[2:] if len(records) > 4 else records  # the first steps allocate and warm caches
+
+    def med(key):
+        return statistics.median(r[key] for r in timed) if timed else 0.0
+
+    tail = [r["loss"] for r in records[-10:]]
+    agreed = [r["agreement"] for r in records if r.get("agreement") is not None]
+    return dict(
+        model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps, lr=cfg.lr,
+        momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
+        final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
+        step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
+        comm_seconds=med("comm_s"),
+        # the mean includes the periodic momentum syncs the median skips: use it for throughput
+        mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
+        bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
+        # every step's bytes (a dense start's included): what a byte budget counts
+        total_bytes_sent=sum(r["bytes_sent"] for r in records),
+        # of which to the rank's own node (the hierarchical layout's node collectives)
+        node_bytes_per_step=statistics.fmean(r.get("node_bytes_sent", 0) for r in timed) if timed else 0,
+        skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
+        momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
+        # the ranks' agreement (lioncub.optim.agreement) over the run and over its last tenth; None if unmeasured
+        agreement=statistics.fmean(agreed) if agreed else None,
+        final_agreement=statistics.fmean(agreed[-max(1, len(agreed) // 10):]) if agreed else None,
+        # with cfg.timing: this rank's time in each collective (by lioncub.comm.transport's names) per step, the
+        # whole run (setup and first steps included) over its steps
+        collective_ms_per_step={k: 1e3 * t / cfg.steps for k, (_, t) in transport.call_times().items()}
+        if cfg.timing else None,
+        records=records,
+    )
+
+
+def _spawned(rank, world_size, cfg_dict, progress):
+    out = train(TrainConfig.from_dict(cfg_dict), progress=progress)
+    if rank:
+        out.pop("records")
+    return out
+
+
+def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: float = 3600) -> dict:
+    """Train on `ranks` local Gloo processes (or in this process for ranks == 1); rank 0's summary."""
+    from lioncub.comm.distributed import spawn
+
+    if ranks == 1 and not dist.is_initialized():
+        return train(cfg, progress=progress)
+    return spawn(_spawned, ranks, dataclasses.asdict(cfg), progress, timeout=timeout)[0]
+
+
+def dumps(summary: dict) -> str:
+    return json.dumps({k: v for k, v in summary.items() if k != "records"}, indent=2)
+
+
+def _compute_probe(rank, world_size, cfg_dict, steps):
+    cfg = TrainConfig.from_dict(cfg_dict)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    model, data = build(cfg)
+    times = []
+    for step in range(steps + 1):
+        t0 = time.perf_counter()
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
+        model.zero_grad()
+        model(x, y)[1].backward()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:])
+
+
+def measure_compute(cfg: TrainConfig, ranks: int, steps: int = 5) -> float:
+    """Forward + backward seconds per step with `ranks` processes computing at once on this machine (no
+    communication): the compute time the simulator needs to predict a step before training."""
+    from lioncub.comm.distributed import spawn
+
+    return statistics.fmean(spawn(_compute_probe, ranks, dataclasses.asdict(cfg), steps, timeout=600))

@@ -1,0 +1,45 @@
+"""Predicted step time of a training run, from the calibrated simulator (what `lioncub train --json` reports
+as `predicted_step_seconds`)."""
+
+from __future__ import annotations
+
+from lioncub.optim import schedules
+from lioncub.simulator.step import DDP_BUCKET_MB
+
+
+def momentum_interval(spec: str, steps: int) -> int | None:
+    """The every-K interval with the same sync rate as the schedule `spec` over `steps` steps."""
+    schedule = schedules.resolve(schedules.parse(spec))
+    rate = schedule.rate(steps)
+    return None if rate <= 0 else max(1, round(1 / rate))
+
+
+def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwidth, ranks_per_host: int = 1,
+                 latency=0.0, profile=None):
+    """simulate_step for a run of `cfg` (a TrainConfig) on `ranks` ranks, `ranks_per_host` per host (a node),
+    over links of `bandwidth`, with the lab's calibrated Gloo profile by default. The ddp+lion baseline is the
+    allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes;
+    raises NotImplementedError where the simulator cannot model the run (then there is no prediction)."""
+    from lioncub.apps.train import DDP_LION
+    from lioncub.simulator import Cluster, simulate_step
+
+    layout = {}
+    if cfg.hierarchical:
+        if cfg.node_size not in (None, ranks_per_host):
+            raise NotImplementedError(f"the simulator's nodes are the hosts ({ranks_per_host} ranks), not nodes of "
+                                      f"{cfg.node_size}")
+        layout["hierarchical"] = True
+
+    if profile is None:
+        from lioncub.apps.calibrate import default_lab_profile
+
+        profile = default_lab_profile()
+    cluster = Cluster.for_ranks(ranks, ranks_per_host, bandwidth=bandwidth, latency=latency)
+    from lioncub.comm.wire import auto_bucket_mb
+
+    ddp = cfg.method == DDP_LION
+    bucket_mb = DDP_BUCKET_MB if ddp else cfg.bucket_mb or auto_bucket_mb(4 * params)
+    return simulate_step(cluster, "allreduce" if ddp else cfg.method, params,
+                         None if ddp else momentum_interval(cfg.momentum_sync, cfg.steps), bucket_mb,
+                         compute_seconds, backend=profile, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype,
+                         overlap=ddp or cfg.overlap, **layout)

@@ -1,0 +1,118 @@
+"""torch.distributed plumbing shared by every method: failures as CommError, rank/size, averaging, the
+step's control message. The collectives of each method live in lioncub.methods.
+
+Every collective goes through `call`, which turns a backend failure (a dead or stalled peer, a network
+error, a process-group timeout) into a CommError that says so.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from lioncub import kernels, methods
+
+# torch >= 2.10 renames all_gather_into_tensor to all_gather_single
+all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+all_to_all = dist.all_to_all_single
+# and reduce_scatter_tensor to reduce_scatter_single
+reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class CommError(RuntimeError):
+    """A collective failed: a peer rank died or stalled, or the network broke."""
+
+
+def group_rank_size(group=None) -> tuple[int, int]:
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+_TIMES: dict[str, list] | None = None  # name -> [calls, seconds], while record_call_times is on
+_TIMES_LOCK = threading.Lock()
+
+
+def record_call_times(on: bool = True) -> None:
+    """Time every collective of this process by name (`call_times()`); LionCub(timing=True) turns it on."""
+    global _TIMES
+    with _TIMES_LOCK:
+        _TIMES = ({} if _TIMES is None else _TIMES) if on else None
+
+
+def call_times() -> dict[str, tuple[int, float]]:
+    """{collective name: (calls, seconds)} since recording began (a wall-clock time per call, waiting for
+    the slowest peer included; on CUDA the time to enqueue unless the caller synchronises)."""
+    with _TIMES_LOCK:
+        return {k: (int(n), float(t)) for k, (n, t) in (_TIMES or {}).items()}
+
+
+def call(name: str, fn, *args, **kwargs):
+    t0 = time.perf_counter() if _TIMES is not None else None
+    try:
+        return fn(*args, **kwargs)
+    except (RuntimeError, dist.DistBackendError) as exc:
+        rank = group_rank_size()[0]
+        raise CommError(
+            f"lioncub: {name} failed on rank {rank}: a peer rank died or stalled past the process-group "
+            f"timeout, or the network failed. Original error: {exc}"
+        ) from exc
+    finally:
+        if t0 is not None:
+            dt = time.perf_counter() - t0
+            with _TIMES_LOCK:
+                if _TIMES is not None:
+                    entry = _TIMES.setdefault(name, [0, 0.0])
+                    entry[0] += 1
+                    entry[1] += dt
+
+
+def allreduce_mean_(tensor: torch.Tensor, group=None, wire_dtype: torch.dtype = torch.float32) -> None:
+    """Average a float tensor over the group in place, summing in `wire_dtype`."""
+    _, N = group_rank_size(group)
+    buf = tensor if tensor.dtype == wire_dtype else tensor.to(wire_dtype)
+    call(f"all_reduce ({wire_dtype})", dist.all_reduce, buf, group=group)
+    buf.div_(N)
+    if buf is not tensor:
+        tensor.copy_(buf)
+
+
+def agree_control(nonfinite, sumsq=None, group=None, device="cpu") -> tuple[int, float]:
+    """The step's control message (lioncub.comm.wire.CONTROL): one float64 SUM all-reduce of [this rank's
+    non-finite count, its sum of squared gradients] (each a number or a 0-dim tensor, so that the step
+    waits for the device only here; sumsq 0 if None). Returns the sums."""
+    msg = torch.zeros(2, dtype=torch.float64, device=device)
+    msg[0] = nonfinite
+    if sumsq is not None:
+        msg[1] = sumsq
+    call("all_reduce (control)", dist.all_reduce, msg, group=group)
+    count, total = msg.tolist()
+    return int(count), total
+
+
+def composite_op(method: str, n_elements: int, group=None, levels: int | None = None,
+                 device="cpu") -> Callable[[], None]:
+    """One bucket's collectives exactly as LionCub.step runs them, on a realistic random payload.
+
+    Used by `lioncub lab bench` and calibration to time the real transport. For "momentum-sync" it is
+    the fp32 all-reduce of the bucket.
+    """
+    rank, N = group_rank_size(group)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    g = torch.randn(n_elements, generator=gen).to(device)
+    if method == "momentum-sync":
+        return lambda: allreduce_mean_(g, group)
+    spec = methods.get(method)
+    lv = spec.resolve_levels(N, levels if spec.uses_levels else None)
+    x = spec.exchange(n_elements, device, group, levels=lv, grads=g)
+    if not spec.dense:
+        m = torch.randn(n_elements, generator=gen).to(device)
+        offsets = [0, n_elements]
+        _, mult = kernels.prepass(spec.codec, g, m, beta1=0.9, offsets=offsets, levels=lv)
+        kernels.quantize_pack(spec.codec, g, m, x.code, beta1=0.9, beta2=0.99, layout=x.layout, mult=mult,
+                              offsets=offsets, levels=lv)
+    return x

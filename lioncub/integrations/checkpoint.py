@@ -1,0 +1,170 @@
+"""Sharded checkpoints of a model and its LionCub optimizer on torch.distributed.checkpoint (DCP).
+
+    lioncub.checkpoint.save("ckpt/step1000", model, opt)     # every rank calls it (a collective)
+    lioncub.checkpoint.load("ckpt/step1000", model, opt)     # every rank, after building model and opt
+
+Layout (one DCP checkpoint: a directory with one .distcp file per rank and a .metadata file that DCP writes
+last, so a checkpoint whose save did not finish cannot be loaded):
+
+    model.<name>              the model's state_dict; replicated, so DCP writes each tensor once
+    lioncub.meta              JSON: format, world size, step, method, levels, dense warm-up, whether the
+                              momenta were identical on every rank, the optimizer's param_groups
+    rank<r>.exp_avg.<i>       rank r's momentum of the optimizer's parameter i (in param_groups order):
+                              each rank writes its own into its own file (the rank-sharded entries)
+    rank<r>.stats             JSON: rank r's opt.stats
+    rank<r>.momentum_shards.<k>  (hierarchical layout) rank r's momentum shard of bucket k
+
+Resuming on the same world size is bit-exact: each rank reads its own momentum. On another world size
+(the policy; it logs which, never silently):
+  * momenta that were identical (the allreduce method, a dense warm-up, a momentum sync on the last step):
+    every rank takes rank 0's, exactly;
+  * otherwise every rank takes the average of all the saved ranks' momenta (summed in fp32 in rank order,
+    so the new ranks start identical) and a warning says so: the ranks' own momenta cannot be split or
+    merged, and the average is what a momentum sync would have given.
+A hierarchical optimizer's checkpoint (momentum shards) resumes on the same world and node size only.
+Steps, hyperparameters and the warm-up resume as with opt.load_state_dict; opt.stats resume on the same
+world size and restart on another.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+
+import torch
+import torch.distributed.checkpoint as dcp
+
+log = logging.getLogger("lioncub")
+FORMAT = 1
+_LOAD_RANKS_AT_ONCE = 8  # saved ranks whose momenta one dcp.load reads when averaging (bounds the memory)
+
+
+def _dcp(fn, state: dict, path: str, opt) -> None:
+    """dcp.save or dcp.load on the optimizer's process group, or in a single process (quietly: torch warns
+    that it assumes so)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        fn(state, checkpoint_id=path, process_group=opt.process_group)
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        fn(state, checkpoint_id=path, no_dist=True)
+
+
+def _params(opt) -> list:
+    return [p for group in opt.param_groups for p in group["params"]]
+
+
+def _jsonable(x):
+    if isinstance(x, torch.Tensor):
+        return x.item() if x.numel() == 1 else x.tolist()
+    raise TypeError(f"cannot store {type(x).__name__} in the checkpoint's metadata")
+
+
+def save(path: str, model: torch.nn.Module, opt) -> None:
+    """Save `model` and LionCub `opt` to the DCP checkpoint directory `path`. Every rank of the optimizer's
+    process group must call it."""
+    sd = opt.state_dict()
+    extra = sd["lioncub"]
+    meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
+                levels=extra["levels"], dense_warmup=extra.get("dense_warmup", 0),
+                momenta_identical=bool(extra["momenta_identical"]), param_groups=sd["param_groups"],
+                shapes=[list(p.shape) for p in _params(opt)], node_size=opt.node_size)
+    momenta = {str(i): opt.state[p]["exp_avg"] for i, p in enumerate(_params(opt)) if "exp_avg" in opt.state[p]}
+    mine = {"exp_avg": momenta, "stats": json.dumps(extra["stats"])}
+    if "momentum_shards" in extra:
+        mine["momentum_shards"] = {str(k): t for k, t in enumerate(extra["momentum_shards"])}
+    state = {"model": model.state_dict(),
+             "lioncub": {"meta": json.dumps(meta, default=_jsonable)},
+             f"rank{opt.rank}": mine}
+    _dcp(dcp.save, state, path, opt)
+
+
+def load(path: str, model: torch.nn.Module, opt) -> dict:
+    """Load a checkpoint written by `save` into `model` and `opt` (built as for the saved run, on any number
+    of ranks: see the module docstring for the policy). Every rank must call it. Returns what it did:
+    {saved_world_size, world_size, momenta: "own" | "rank0" | "average", step}."""
+    head = {"model": model.state_dict(), "lioncub": {"meta": ""}}
+    _dcp(dcp.load, head, path, opt)
+    model.load_state_dict(head["model"])  # DCP loaded in place; this also checks every key
+    meta = json.loads(head["lioncub"]["meta"])
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a lioncub checkpoint of format {FORMAT} (got {meta.get('format')!r})")
+    params = _params(opt)
+    shapes = [list(p.shape) for p in params]
+    if meta["shapes"] != shapes:
+        raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
+                         f"{shapes}: build the model and the optimizer as for the saved run")
+    saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
+    if meta.get("node_size", 1) > 1 or opt.node_size > 1:
+        return _load_shards(path, opt, meta)
+    with_state = [i for i, p in enumerate(params) if "exp_avg" in opt.state[p]]
+    if saved_n == n:
+        how, sources = "own", [rank]
+    elif meta["momenta_identical"]:
+        how, sources = "rank0", [0]
+    else:
+        how, sources = "average", list(range(saved_n))
+    acc = stats = None
+    for first in range(0, len(sources), _LOAD_RANKS_AT_ONCE):
+        chunk = sources[first : first + _LOAD_RANKS_AT_ONCE]
+        part = {f"rank{r}": {"exp_avg": {str(i): torch.empty_like(opt.state[params[i]]["exp_avg"]) for i in with_state},
+                             "stats": ""} for r in chunk}
+        _dcp(dcp.load, part, path, opt)
+        if how == "own":
+            stats = json.loads(part[f"rank{rank}"]["stats"])
+        for r in chunk:
+            loaded = part[f"rank{r}"]["exp_avg"]
+            if how != "average":
+                acc = loaded
+            elif acc is None:
+                acc = {i: m.float() for i, m in loaded.items()}
+            else:
+                for i, m in loaded.items():
+                    acc[i] += m.float()
+    if how == "average":
+        acc = {i: (m / saved_n).to(opt.state[params[int(i)]]["exp_avg"].dtype) for i, m in acc.items()}
+    extra = dict(step=meta["step"], world_size=n, rank=rank, method=meta["method"], levels=meta["levels"],
+                 dense_warmup=meta["dense_warmup"],
+                 momenta_identical=meta["momenta_identical"] if how == "own" else True)
+    if stats is not None:
+        extra["stats"] = stats
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    opt.load_state_dict({"state": {int(i): {"exp_avg": m} for i, m in acc.items()}, "param_groups": groups,
+                         "lioncub": extra})
+    if how != "own":
+        from lioncub.optim import CommStats
+
+        opt.stats = CommStats(steps=meta["step"])
+        say = log.info if how == "rank0" else log.warning
+        if rank == 0:
+            say("lioncub.integrations.checkpoint: %s was saved by %d rank(s) and resumes on %d: %s", path, saved_n, n,
+                "their momenta were identical, every rank takes rank 0's" if how == "rank0" else
+                "each rank had its own momentum; every rank starts from their average (the policy for a "
+                "different world size)")
+    return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"])
+
+
+def _load_shards(path: str, opt, meta: dict) -> dict:
+    """The hierarchical layout: each rank reads its own momentum shards (same world and node size only)."""
+    saved = (meta["world_size"], meta.get("node_size", 1))
+    if saved != (opt.world_size, opt.node_size):
+        raise ValueError(f"{path}: saved by {saved[0]} ranks in nodes of {saved[1]}; this optimizer has "
+                         f"{opt.world_size} in nodes of {opt.node_size}: a hierarchical optimizer's momentum shards "
+                         f"resume on the same layout only")
+    part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(opt._buckets)},
+                                "stats": ""}}
+    _dcp(dcp.load, part, path, opt)
+    mine = part[f"rank{opt.rank}"]
+    shards = [mine["momentum_shards"][str(k)] for k in range(len(opt._buckets))]
+    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    extra = dict(step=meta["step"], world_size=opt.world_size, rank=opt.rank, method=meta["method"],
+                 levels=meta["levels"], dense_warmup=meta["dense_warmup"], momenta_identical=meta["momenta_identical"],
+                 node_size=opt.node_size, momentum_shards=shards, stats=json.loads(mine["stats"]))
+    opt.load_state_dict({"state": {}, "param_groups": groups, "lioncub": extra})
+    return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
+
+
+__all__ = ["load", "save"]

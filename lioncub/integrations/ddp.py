@@ -1,0 +1,73 @@
+"""LionCub inside torch DDP, for frameworks that wrap the model themselves (Hugging Face Trainer, accelerate,
+Lightning).
+
+`attach_ddp(ddp_model, opt)` registers a DDP communication hook that sends nothing: DDP's fp32 all-reduce is
+replaced by LionCub's own exchange, which runs during backward exactly as without DDP (lioncub.optim.overlap:
+LionCub's buckets, in backward's order, on LionCub's communication thread). Each parameter's final gradient
+is copied into LionCub's bucket by LionCub's hook, which runs before DDP's, so the update is bit-identical
+to LionCub without DDP, and DDP's bucketing (and its rebuild after the first iteration),
+`gradient_as_bucket_view`, `static_graph` and `find_unused_parameters` do not matter. DDP's `no_sync()` is
+honoured: backward passes inside it start no exchange. LionCub communicates on its own process group (same
+ranks, created here): DDP's own collectives (the unused-parameter map, buffer broadcasts) run on DDP's
+group from the autograd thread, and the two must never interleave on one communicator.
+
+What stays in `.grad` after backward is each rank's own (local, not averaged) gradient, which frameworks
+may clip or log: the update does not depend on it. Lion's update has magnitude lr whatever the gradient's
+norm, and the vote was taken during backward; `torch.nn.utils.clip_grad_norm_` on `.grad` (the Hugging Face
+Trainer's max_grad_norm, accelerate's clip_grad_norm_) changes only what is logged.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _no_allreduce(state, bucket):
+    """DDP communication hook: hand DDP back its bucket unchanged (LionCub exchanges the gradients)."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def unwrap_optimizer(opt):
+    """The LionCub inside a framework's optimizer wrapper (accelerate's AcceleratedOptimizer, Lightning's
+    LightningOptimizer), or opt itself."""
+    from lioncub.optim import LionCub
+
+    seen = 0
+    while not isinstance(opt, LionCub) and seen < 4:
+        inner = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+        if inner is None:
+            break
+        opt, seen = inner, seen + 1
+    if not isinstance(opt, LionCub):
+        raise ValueError(f"attach_ddp needs a lioncub.LionCub optimizer, got {type(opt).__name__}")
+    return opt
+
+
+def attach_ddp(ddp_model, opt) -> None:
+    """Run LionCub's exchange inside a DistributedDataParallel model (see the module docstring). Call it
+    once, after wrapping and before the first backward; `opt` is a LionCub built on the wrapped model's
+    parameters (or a framework's wrapper of one)."""
+    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
+        raise ValueError(f"attach_ddp needs a torch DistributedDataParallel model, got {type(ddp_model).__name__}")
+    opt = unwrap_optimizer(opt)
+    if opt._ddp is ddp_model:
+        return
+    mine = {id(p) for b in opt._buckets for p in b.params}
+    theirs = {id(p) for p in ddp_model.module.parameters() if p.requires_grad}
+    if mine != theirs:
+        raise ValueError(f"the optimizer's parameters ({len(mine)}) are not the DDP model's trainable parameters "
+                         f"({len(theirs)}): build LionCub on model.parameters() of the model DDP wraps")
+    import torch.distributed as dist
+
+    ddp_model.register_comm_hook(None, _no_allreduce)
+    # (a LionCub built before the framework initialised torch.distributed learns its world size here)
+    opt._use_process_group(dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)))
+    opt._private_grads = True
+    opt._ddp = ddp_model
+    if opt._overlap is not None:
+        opt._overlap.sync_wanted = lambda: ddp_model.require_backward_grad_sync
+    for b in opt._buckets:  # .grad belongs to DDP from now on; the buckets keep their own copies
+        for p in b.params:
+            p.grad = None
