@@ -15,6 +15,10 @@ _MODULES = (allreduce, vote_allgather, vote_1bit, vote_pbit, avg_pbit, l1_pbit)
 REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in _MODULES}
 NAMES: tuple[str, ...] = tuple(REGISTRY)
 DEFAULT = "l1-pbit"
+# the baseline: averaged gradients, plain Lion, one momentum (the only dense method). Code that means the
+# baseline says BASELINE; code that means "a method without a codec" asks `get(name).dense`
+BASELINE = allreduce.METHOD.name
+COMPRESSED: tuple[str, ...] = tuple(name for name, m in REGISTRY.items() if not m.dense)
 
 
 def get(method: str | Method) -> Method:
@@ -32,4 +36,4 @@ def check(method: str) -> str:
     return get(method).name
 
 
-__all__ = ["DEFAULT", "NAMES", "REGISTRY", "FieldMethod", "Method", "check", "get"]
+__all__ = ["BASELINE", "COMPRESSED", "DEFAULT", "NAMES", "REGISTRY", "FieldMethod", "Method", "check", "get"]

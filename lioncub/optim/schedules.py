@@ -1,8 +1,9 @@
 """When to average the ranks' momenta (selective momentum synchronization).
 
-A schedule answers `should_sync(step)` for step = 1, 2, ... It is a pure function of the step, so every
-rank decides the same way without talking. `Adaptive` decides from the ranks' agreement, a function of the
-agreed code that is identical on every rank (lioncub.optim.agreement), so it too decides alike without talking.
+A schedule (a `Schedule`) answers `should_sync(step)` for step = 1, 2, ... It is a pure function of the step,
+so every rank decides the same way without talking. `Adaptive` decides from the ranks' agreement, a function
+of the agreed code that is identical on every rank (lioncub.optim.agreement), so it too decides alike without
+talking.
 """
 
 from __future__ import annotations
@@ -11,8 +12,44 @@ import math
 from dataclasses import dataclass
 
 
+class Schedule:
+    """What LionCub asks a momentum-sync schedule. Subclasses define `should_sync` (a function of the step)
+    and `rate`; a schedule that decides from the step's agreement (Adaptive) overrides `decide`, one with a
+    dense start `start_steps`, one with state `state_dict` / `load_state_dict`."""
+
+    def should_sync(self, step: int) -> bool:
+        raise NotImplementedError
+
+    def rate(self, steps: int | None = None) -> float:
+        """The share of steps that sync (over `steps` steps where it depends on the run's length)."""
+        raise NotImplementedError
+
+    def sync_steps(self, steps: int) -> list[int]:
+        """The steps in 1..steps after which the momenta are averaged (as far as the step alone decides)."""
+        return [t for t in range(1, steps + 1) if self.should_sync(t)]
+
+    def start_steps(self, betas) -> int:
+        """Steps at the start that run the dense method (averaged gradients, one momentum)."""
+        return 0
+
+    def decide(self, step: int, agreement: float | None, step_bytes: float, sync_bytes: float) -> bool:
+        """Whether to sync after compressed step `step`, given what it agreed and sent (identical on every
+        rank) and what a sync costs."""
+        return self.should_sync(step)
+
+    def spend(self, nbytes: float) -> None:
+        """Charge the bytes of a dense start step (a schedule with a byte budget counts them)."""
+
+    def state_dict(self) -> dict | None:
+        """What a resumed run needs to decide as the uninterrupted one (None: nothing)."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
 @dataclass(frozen=True)
-class EveryK:
+class EveryK(Schedule):
     """Average momenta after every k-th step."""
 
     k: int
@@ -27,9 +64,12 @@ class EveryK:
     def rate(self, steps: int | None = None) -> float:
         return 1.0 / self.k
 
+    def sync_steps(self, steps: int) -> list[int]:
+        return list(range(self.k, steps + 1, self.k))
+
 
 @dataclass(frozen=True)
-class FirstSteps:
+class FirstSteps(Schedule):
     """Every k-th step, but only during the first `until` steps (sync early, then run free)."""
 
     k: int
@@ -48,9 +88,12 @@ class FirstSteps:
             return 0.0
         return min(steps, self.until) // self.k / max(steps, 1)
 
+    def sync_steps(self, steps: int) -> list[int]:
+        return list(range(self.k, min(self.until, steps) + 1, self.k))
+
 
 @dataclass(frozen=True)
-class Geometric:
+class Geometric(Schedule):
     """Dense early, sparser later: syncs at T_1, T_2, ... with T_0 = 0 and
     T_{j+1} = T_j + max(1, floor(growth ** (j / k))), optionally capped at max_interval. With growth 2
     the interval doubles every k syncs (the Lion Cub authors' geometric schedule)."""
@@ -65,20 +108,30 @@ class Geometric:
         if self.max_interval is not None and self.max_interval < 1:
             raise ValueError("max_interval must be >= 1")
 
-    def _interval(self, j: int) -> int:
+    def interval(self, j: int) -> int:
+        """T_{j+1} - T_j."""
         step = max(1, int(self.growth ** (j / self.k)))
         return min(step, self.max_interval) if self.max_interval else step
 
     def should_sync(self, step: int) -> bool:
         t, j = 0, 0
         while t < step:
-            t += self._interval(j)
+            t += self.interval(j)
             j += 1
         return t == step
 
+    def sync_steps(self, steps: int) -> list[int]:
+        out, t, j = [], 0, 0
+        while True:
+            t += self.interval(j)
+            j += 1
+            if t > steps:
+                return out
+            out.append(t)
+
     def rate(self, steps: int | None = None) -> float:
         steps = steps or 10_000
-        return sum(self.should_sync(s) for s in range(1, steps + 1)) / steps
+        return len(self.sync_steps(steps)) / steps
 
 
 ADAPTIVE_THRESHOLD = 0.5  # agreement (lioncub.optim.agreement) below which Adaptive syncs; from the convergence map
@@ -105,7 +158,7 @@ def momentum_lead_step(beta1: float, beta2: float) -> int:
     return t
 
 
-class Adaptive:
+class Adaptive(Schedule):
     """The adaptive guard: a dense start, then momentum syncs where the ranks agree little, within a byte
     budget.
 
@@ -189,19 +242,22 @@ class Adaptive:
         return f"Adaptive(threshold={self.threshold:g}, budget={self.budget:g}{start})"
 
 
-class Never:
+class Never(Schedule):
     def should_sync(self, step: int) -> bool:
         return False
 
     def rate(self, steps: int | None = None) -> float:
         return 0.0
 
+    def sync_steps(self, steps: int) -> list[int]:
+        return []
+
     def __repr__(self) -> str:
         return "Never()"
 
 
-def resolve(spec):
-    """None -> Never, int K -> EveryK(K), a schedule object -> itself."""
+def resolve(spec) -> Schedule:
+    """None -> Never, int K -> EveryK(K), its text -> parse(text), a Schedule -> itself."""
     if spec is None or spec is False:
         return Never()
     if isinstance(spec, bool):
@@ -210,11 +266,12 @@ def resolve(spec):
         return EveryK(spec)
     if isinstance(spec, str):
         return resolve(parse(spec))
-    if callable(getattr(spec, "should_sync", None)):
+    if isinstance(spec, Schedule):
         return spec
     raise ValueError(
-        f"momentum_sync must be None, a positive int K, a schedule (EveryK, FirstSteps, Geometric) or its text "
-        f"('every:K', 'first:K:M', 'geometric:K'); got {spec!r}"
+        f"momentum_sync must be None, a positive int K, a schedule (EveryK, FirstSteps, Geometric, Adaptive, or a "
+        f"subclass of lioncub.optim.schedules.Schedule) or its text ('every:K', 'first:K:M', 'geometric:K', "
+        f"'adaptive'); got {spec!r}"
     )
 
 

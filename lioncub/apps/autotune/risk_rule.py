@@ -113,25 +113,8 @@ _SYNC_STEPS: dict = {}
 def _sync_steps(spec: str, steps: int) -> list[int]:
     """The steps in 1..steps after which `spec` averages the momenta (as LionCub's schedule decides)."""
     key = (spec, steps)
-    if key not in _SYNC_STEPS:
-        sched = schedules.resolve(schedules.parse(spec))
-        if isinstance(sched, schedules.Never):
-            out = []
-        elif isinstance(sched, schedules.EveryK):
-            out = list(range(sched.k, steps + 1, sched.k))
-        elif isinstance(sched, schedules.FirstSteps):
-            out = list(range(sched.k, min(sched.until, steps) + 1, sched.k))
-        elif isinstance(sched, schedules.Geometric):  # should_sync walks the intervals from 0 on every call
-            out, t, j = [], 0, 0
-            while True:
-                t += sched._interval(j)
-                j += 1
-                if t > steps:
-                    break
-                out.append(t)
-        else:  # pragma: no cover  (a schedule object of the user's)
-            out = [t for t in range(1, steps + 1) if sched.should_sync(t)]
-        _SYNC_STEPS[key] = out
+    if key not in _SYNC_STEPS:  # (the adaptive guard: none; its syncs are decided in the run)
+        _SYNC_STEPS[key] = schedules.resolve(schedules.parse(spec)).sync_steps(steps)
     return _SYNC_STEPS[key]
 
 
