@@ -68,7 +68,7 @@ def flat(tensors):
 def _index_offsets(opt):
     """Each parameter's offset inside its bucket (the 1-bit tie-break uses bucket-global indices)."""
     offsets = {}
-    for b in opt._buckets:
+    for b in opt.engine.buckets:
         for p, start in zip(b.params, b.offsets):
             offsets[p] = start
     return offsets

@@ -70,8 +70,8 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
         levels = default_levels(nodes) if method == "l1-pbit" else 0
         hyper = {id(p): (g["lr"], g["weight_decay"], *g["betas"]) for g in opt.param_groups for p in g["params"]}
         r = dict(mismatch=0, elements=0, momentum_err=0.0, replicas_equal=True, levels=opt.levels,
-                 momentum_elements=sum(b.m.numel() for b in opt._buckets),
-                 param_elements=sum(b.n for b in opt._buckets))
+                 momentum_elements=sum(b.m.numel() for b in opt.engine.buckets),
+                 param_elements=sum(b.n for b in opt.engine.buckets))
         for step in range(1, steps + 1):
             grads = exact_grads(params, rank, step)
             effective = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
@@ -80,10 +80,10 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
                 sum((p.float() * g.float()).sum() for p, g in zip(params, effective)).backward()
             else:
                 dist_cases.assign(params, grads, step)
-            before = {b: b.p.detach().clone() for b in opt._buckets}
-            node_m = {b: _full_momenta(opt, b, G) for b in opt._buckets}
+            before = {b: b.p.detach().clone() for b in opt.engine.buckets}
+            node_m = {b: _full_momenta(opt, b, G) for b in opt.engine.buckets}
             node_g = {}
-            for b in opt._buckets:
+            for b in opt.engine.buckets:
                 local = torch.zeros(b.g_full.numel(), dtype=torch.float32)
                 for p, s, e in zip(b.params, b.offsets[:-1], b.offsets[1:]):
                     local[s:e] = effective[[id(q) for q in params].index(id(p))].float().reshape(-1)
@@ -92,7 +92,7 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
                 node_g[b] = [sum(every[k * G + j] for j in range(G)).to(b.g.dtype).div_(G).float()
                              for k in range(nodes)]
             opt.step()
-            for b in opt._buckets:
+            for b in opt.engine.buckets:
                 lr, wd, b1, b2 = hyper[id(b.params[0])]
                 got = b.p.detach()
                 for s, e in _pieces(b.offsets, b.shard, G):
@@ -160,10 +160,10 @@ def nonfinite_on_one_rank(rank, world_size, G, bad_rank):
             grads[0].view(-1)[3] = float("nan")
         dist_cases.assign(params, grads, step)
         before = dist_cases.flat(params)
-        m_before = torch.cat([b.m.float() for b in opt._buckets])
+        m_before = torch.cat([b.m.float() for b in opt.engine.buckets])
         opt.step()
         out.append(dict(changed=not torch.equal(before, dist_cases.flat(params)),
-                        momenta_changed=not torch.equal(m_before, torch.cat([b.m.float() for b in opt._buckets]))))
+                        momenta_changed=not torch.equal(m_before, torch.cat([b.m.float() for b in opt.engine.buckets]))))
     return dict(steps=out, skipped=opt.stats.skipped_steps)
 
 
@@ -208,7 +208,7 @@ def dcp_train(rank, world_size, G, path, steps, resume=False, total=None):
     first = 1
     if resume:
         checkpoint.load(path, net, opt)
-        first = opt._step + 1
+        first = opt.engine.steps + 1
     for step in range(first, (total if resume else steps) + 1):
         gen = torch.Generator().manual_seed(100 * step + rank)
         opt.zero_grad()
@@ -216,8 +216,8 @@ def dcp_train(rank, world_size, G, path, steps, resume=False, total=None):
         opt.step()
     if path and not resume:
         checkpoint.save(path, net, opt)
-    return dict(params=dist_cases.flat(net.parameters()), shards=torch.cat([b.m for b in opt._buckets]),
-                step=opt._step)
+    return dict(params=dist_cases.flat(net.parameters()), shards=torch.cat([b.m for b in opt.engine.buckets]),
+                step=opt.engine.steps)
 
 
 def dcp_flat_load(rank, world_size, path):
@@ -236,7 +236,7 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
         opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB, dense_warmup=K,
                       hierarchical=hier, node_size=G if hier else None)
         if hier:
-            shards = [b.shard for b in opt._buckets]
+            shards = [b.shard for b in opt.engine.buckets]
         trace, moms = [], None
         for step in range(1, steps + 1):
             opt.zero_grad()
@@ -248,7 +248,7 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
             if step == K:
                 lo = [(rank % G) * S for S in shards]
                 moms = [b.m[: max(0, min(S, b.n - a))] if hier else b.m[a : a + S]
-                        for b, S, a in zip(opt._buckets, shards, lo)]
+                        for b, S, a in zip(opt.engine.buckets, shards, lo)]
                 moms = torch.cat([m.float() for m in moms])
         runs[hier] = dict(trace=trace, momenta=moms, stats=opt.stats.as_dict())
     return runs
@@ -264,4 +264,4 @@ def timed_collectives(rank, world_size, G, steps=3):
     for step in range(1, steps + 1):
         dist_cases.assign(params, exact_grads(params, rank, step), step)
         opt.step()
-    return dict(times=transport.call_times(), buckets=len(opt._buckets), collectives=opt.stats.total_collectives)
+    return dict(times=transport.call_times(), buckets=len(opt.engine.buckets), collectives=opt.stats.total_collectives)

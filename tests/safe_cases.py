@@ -30,7 +30,7 @@ def batch(rank, step):
 
 def momenta(opt, net):
     if opt.node_size > 1:  # the hierarchical layout: this rank's momentum shards
-        return flat([b.m for b in opt._buckets])
+        return flat([b.m for b in opt.engine.buckets])
     return flat([opt.state[p]["exp_avg"] for p in net.parameters()])
 
 
@@ -76,7 +76,7 @@ def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=
         x, y = batch(rank, step)
         torch.nn.functional.mse_loss(net(x), y).backward()
         g = flat([p.grad for p in net.parameters()])
-        dense = opt._spec_at(step).dense
+        dense = opt.engine.method_at(step).dense
         if dense and overlap:  # backward averaged them already
             ref = g.double().norm().item()
         elif dense:
@@ -141,7 +141,7 @@ def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflo
         out["trackers"].append(int(scaler._get_growth_tracker()))
     params = flat(net.parameters())
     out.update(params=params, momenta=momenta(opt, net), replicas_equal=replicas_equal(params),
-               opt_steps=opt._step, overlapped=opt.stats.overlapped_steps)
+               opt_steps=opt.engine.steps, overlapped=opt.stats.overlapped_steps)
     return out
 
 
@@ -244,11 +244,11 @@ def ckpt_train(rank, world_size, path, steps, method="vote-1bit", save=True, res
     first = 1
     if resume:
         checkpoint.load(path, net, opt)
-        first = opt._step + 1
+        first = opt.engine.steps + 1
     train(rank, opt, net, first, total if resume else steps)
     if save and not resume:
         checkpoint.save(path, net, opt)
-    return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt._step,
+    return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt.engine.steps,
                 messages=log.messages, stats_steps=opt.stats.steps)
 
 
@@ -260,7 +260,7 @@ def ckpt_loaded(rank, world_size, path, method="vote-1bit"):
     opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB)
     log = _listen()
     info = checkpoint.load(path, net, opt)
-    return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt._step, info=info,
+    return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt.engine.steps, info=info,
                 messages=log.messages, stats_steps=opt.stats.steps)
 
 
@@ -320,5 +320,5 @@ def ddp_clip_amp(rank, world_size, method, steps=4, max_norm=0.05):
             scaler.update()
         params = flat(net.parameters())
         out.append(dict(params=params, momenta=momenta(opt, net), norms=norms, scale=scaler.get_scale(),
-                        replicas_equal=replicas_equal(params), steps=opt._step))
+                        replicas_equal=replicas_equal(params), steps=opt.engine.steps))
     return out

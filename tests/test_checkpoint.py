@@ -42,7 +42,7 @@ def test_load_on_one_process(tmp_path, caplog):
     opt = LionCub(net.parameters(), lr=safe_cases.LR, method="vote-1bit", bucket_mb=safe_cases.BUCKET_MB)
     with caplog.at_level(logging.WARNING, logger="lioncub"):
         info = checkpoint.load(path, net, opt)
-    assert info["momenta"] == "average" and opt._step == 2
+    assert info["momenta"] == "average" and opt.engine.steps == 2
     assert "average" in caplog.text
     torch.testing.assert_close(safe_cases.momenta(opt, net), (saved[0]["momenta"] + saved[1]["momenta"]) / 2)
     assert torch.equal(safe_cases.flat(net.parameters()), saved[0]["params"])

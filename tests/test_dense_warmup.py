@@ -32,7 +32,7 @@ def test_dense_warmup_is_validated_and_recorded():
     with pytest.raises(ValueError, match="dense_warmup"):
         LionCub(net.parameters(), dense_warmup=-1)
     opt = LionCub(net.parameters(), method="vote-1bit", dense_warmup=5)
-    assert opt._spec_at(5).dense and not opt._spec_at(6).dense
+    assert opt.engine.method_at(5).dense and not opt.engine.method_at(6).dense
     assert opt.state_dict()["lioncub"]["dense_warmup"] == 5
 
 

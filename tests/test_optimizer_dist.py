@@ -62,7 +62,7 @@ def test_resume_with_other_world_size_is_refused_unless_momenta_synced():
         opt.load_state_dict(saved[0]["opt"])
     synced = spawn(dist_cases.train_steps, 2, "vote-pbit", 3, None, True)
     opt.load_state_dict(synced[0]["opt"])
-    assert opt._step == 3
+    assert opt.engine.steps == 3
 
 
 @pytest.mark.parametrize("how", ["kill", "stall"])

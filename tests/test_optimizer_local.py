@@ -64,12 +64,12 @@ def test_params_and_grads_are_views_into_flat_buckets():
     model = _model()
     opt = LionCub(model.parameters(), lr=1e-3, bucket_mb=0.0005)
     _train(model, opt, steps=2)
-    for b in opt._buckets:
+    for b in opt.engine.buckets:
         storage = b.p.untyped_storage().data_ptr()
         for p in b.params:
             assert p.untyped_storage().data_ptr() == storage
             assert p.grad.untyped_storage().data_ptr() == b.g.untyped_storage().data_ptr()
-    assert len(opt._buckets) >= 2
+    assert len(opt.engine.buckets) >= 2
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_nonfinite_gradient_skips_single_process_step():
 def test_nonfinite_gradient_in_any_bucket_skips_the_step(which, bad):
     model = _model()
     opt = LionCub(model.parameters(), lr=1e-2, bucket_mb=1024 / 2**20)
-    assert len(opt._buckets) > 1
+    assert len(opt.engine.buckets) > 1
     before = [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
         p.grad = torch.ones_like(p)
@@ -156,10 +156,10 @@ def test_state_dict_round_trip_resumes_exactly():
         torch.nn.functional.cross_entropy(c(x), y).backward()
         opt_c.step()
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), c.parameters()))
-    assert opt_c._step == 6
+    assert opt_c.engine.steps == 6
     # momentum is still a view into the flat buffer after loading
     p0 = next(c.parameters())
-    assert opt_c.state[p0]["exp_avg"].untyped_storage().data_ptr() == opt_c._buckets[0].m.untyped_storage().data_ptr()
+    assert opt_c.state[p0]["exp_avg"].untyped_storage().data_ptr() == opt_c.engine.buckets[0].m.untyped_storage().data_ptr()
 
 
 def test_schedules():

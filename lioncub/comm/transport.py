@@ -1,5 +1,5 @@
 """torch.distributed plumbing shared by every method: failures as CommError, rank/size, averaging, the
-step's control message. The collectives of each method live in lioncub.methods.
+step's control message. The collectives of each method live in lioncub.methods; nothing here knows them.
 
 Every collective goes through `call`, which turns a backend failure (a dead or stalled peer, a network
 error, a process-group timeout) into a CommError that says so.
@@ -9,12 +9,9 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
-
-from lioncub import kernels, methods
 
 # torch >= 2.10 renames all_gather_into_tensor to all_gather_single
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -94,25 +91,11 @@ def agree_control(nonfinite, sumsq=None, group=None, device="cpu") -> tuple[int,
     return int(count), total
 
 
-def composite_op(method: str, n_elements: int, group=None, levels: int | None = None,
-                 device="cpu") -> Callable[[], None]:
-    """One bucket's collectives exactly as LionCub.step runs them, on a realistic random payload.
-
-    Used by `lioncub lab bench` and calibration to time the real transport. For "momentum-sync" it is
-    the fp32 all-reduce of the bucket.
-    """
-    rank, N = group_rank_size(group)
-    gen = torch.Generator().manual_seed(1234 + rank)
-    g = torch.randn(n_elements, generator=gen).to(device)
-    if method == "momentum-sync":
-        return lambda: allreduce_mean_(g, group)
-    spec = methods.get(method)
-    lv = spec.resolve_levels(N, levels if spec.uses_levels else None)
-    x = spec.exchange(n_elements, device, group, levels=lv, grads=g)
-    if not spec.dense:
-        m = torch.randn(n_elements, generator=gen).to(device)
-        offsets = [0, n_elements]
-        _, mult = kernels.prepass(spec.codec, g, m, beta1=0.9, offsets=offsets, levels=lv)
-        kernels.quantize_pack(spec.codec, g, m, x.code, beta1=0.9, beta2=0.99, layout=x.layout, mult=mult,
-                              offsets=offsets, levels=lv)
-    return x
+def any_rank(flag: bool, group=None, device="cpu", what: str = "any rank") -> bool:
+    """Whether `flag` is true on any rank of the group (one 4-byte MAX all-reduce, timed as "all_reduce
+    (<what>)"; `flag` alone without torch.distributed)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0], dtype=torch.float32, device=device)
+    call(f"all_reduce ({what})", dist.all_reduce, t, op=dist.ReduceOp.MAX, group=group)
+    return bool(t.item())

@@ -29,14 +29,10 @@ so torch's scaler calls its step() on every rank, never only on some).
 
 from __future__ import annotations
 
-import weakref
-
 import torch
-import torch.distributed as dist
 from torch.amp.grad_scaler import OptState
 
-from lioncub import kernels
-from lioncub.comm.transport import call
+from lioncub.comm.transport import any_rank
 
 
 class GradScaler(torch.amp.GradScaler):
@@ -50,21 +46,26 @@ class GradScaler(torch.amp.GradScaler):
         super().__init__(device, init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
                          growth_interval=growth_interval, enabled=enabled)
         self.process_group = process_group
-        self._lioncub_generation = 0  # bumped whenever the scale may change: a backward pass notes it
+        self.generation = 0  # bumped whenever the scale may change: a LionCub pass notes which one it divided out
+
+    def inverse_scale(self) -> torch.Tensor | None:
+        """1/scale, exactly as torch's unscale_ computes it (so the values are bit for bit the same); None
+        before the first scale()."""
+        return None if self._scale is None else self._scale.double().reciprocal().float()
 
     def unscale_(self, optimizer) -> None:
         if not self._enabled:
             return
-        opt = _lioncub(optimizer)
-        before = _before_unscale(opt, self) if opt is not None else None
+        engine = _engine(optimizer)
+        before = engine.before_unscale(self) if engine is not None else None
         super().unscale_(optimizer)
         found_inf = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         local = any(bool(t.item()) for t in found_inf.values())
-        if opt is not None:
-            agreed = _after_unscale(opt, self, before, local)
+        if engine is not None:
+            agreed = engine.after_unscale(self, before, local)
         else:
             device = next(iter(found_inf.values())).device if found_inf else self._scale.device
-            agreed = _any_rank(local, self.process_group, device)
+            agreed = any_rank(local, self.process_group, device, "GradScaler found_inf")
         for t in found_inf.values():
             t.fill_(1.0 if agreed else 0.0)
 
@@ -88,65 +89,21 @@ class GradScaler(torch.amp.GradScaler):
 
     def update(self, new_scale=None) -> None:
         super().update(new_scale)
-        self._lioncub_generation += 1
+        self.generation += 1
 
     def load_state_dict(self, state_dict) -> None:
         super().load_state_dict(state_dict)
-        self._lioncub_generation += 1
+        self.generation += 1
 
 
-def _lioncub(optimizer):
-    """The LionCub inside a framework's optimizer wrapper, or None."""
-    from lioncub.optim import LionCub
+def _engine(optimizer):
+    """The engine of the LionCub inside a framework's optimizer wrapper, or None."""
+    from lioncub.optim.optimizer import LionCub
 
     for _ in range(4):
         if isinstance(optimizer, LionCub):
-            return optimizer
+            return optimizer.engine
         optimizer = getattr(optimizer, "optimizer", None)
         if optimizer is None:
             return None
     return None
-
-
-def _before_unscale(opt, scaler) -> tuple:
-    """Look at the optimizer's coming step before the gradients change; link it to the scaler so its next
-    backward passes divide the scale out themselves."""
-    opt._grad_scaler = weakref.ref(scaler)
-    dense = opt._spec_at(opt._step + 1).dense
-    done = opt._pending_pass(amp_unconfirmed_ok=True)
-    if done is None and dense and opt.world_size > 1:
-        opt._average_now()  # check the mean: the same on every rank (all ranks scale by the same factor)
-    return done, dense
-
-
-def _after_unscale(opt, scaler, before, local: bool) -> bool:
-    """The agreed inf/NaN flag for LionCub `opt`, its gradients now unscaled in .grad."""
-    done, dense = before
-    if opt._private_grads:  # under DDP the buckets hold copies of .grad: unscale them alike
-        inv = scaler._scale.double().reciprocal().float()
-        for b in opt._buckets:
-            b.g.mul_(inv.to(b.g.device))
-    if opt.world_size == 1:
-        return local
-    if dense:
-        if opt._private_grads:
-            local = not kernels.all_finite([b.g for b in opt._buckets])
-        if done is None:
-            opt._averaged["versions"] = opt._versions()  # still the mean, unscaled
-        return local  # a check of the averaged gradients: the same on every rank
-    amp = None if done is None else done.get("amp")
-    if amp is not None and amp["generation"] == scaler._lioncub_generation:
-        # backward voted on exactly these values and agreed their non-finite count
-        done["versions"], done["amp_confirmed"] = opt._versions(), True
-        return done["nonfinite_ranks"] > 0
-    if done is not None:
-        done["stale"] = True  # the vote was taken on the scaled gradients: step() takes it again
-    return _any_rank(local, opt.process_group, opt._buckets[0].g.device if opt._buckets else "cpu")
-
-
-def _any_rank(local: bool, group, device) -> bool:
-    if not (dist.is_available() and dist.is_initialized()):
-        return local
-    flag = torch.tensor([1.0 if local else 0.0], dtype=torch.float32, device=device)
-    call("all_reduce (GradScaler found_inf)", dist.all_reduce, flag, op=dist.ReduceOp.MAX, group=group)
-    return bool(flag.item())

@@ -35,6 +35,8 @@ import warnings
 import torch
 import torch.distributed.checkpoint as dcp
 
+from lioncub.optim.stats import CommStats
+
 log = logging.getLogger("lioncub")
 FORMAT = 1
 _LOAD_RANKS_AT_ONCE = 8  # saved ranks whose momenta one dcp.load reads when averaging (bounds the memory)
@@ -86,35 +88,64 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
     """Load a checkpoint written by `save` into `model` and `opt` (built as for the saved run, on any number
     of ranks: see the module docstring for the policy). Every rank must call it. Returns what it did:
     {saved_world_size, world_size, momenta: "own" | "rank0" | "average", step}."""
-    head = {"model": model.state_dict(), "lioncub": {"meta": ""}}
-    _dcp(dcp.load, head, path, opt)
-    model.load_state_dict(head["model"])  # DCP loaded in place; this also checks every key
-    meta = json.loads(head["lioncub"]["meta"])
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a lioncub checkpoint of format {FORMAT} (got {meta.get('format')!r})")
-    params = _params(opt)
-    shapes = [list(p.shape) for p in params]
-    if meta["shapes"] != shapes:
-        raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
-                         f"{shapes}: build the model and the optimizer as for the saved run")
-    saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
+    meta = _load_model_and_meta(path, model, opt)
     if meta.get("node_size", 1) > 1 or opt.node_size > 1:
         return _load_shards(path, opt, meta)
-    with_state = [i for i, p in enumerate(params) if "exp_avg" in opt.state[p]]
+    saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
     if saved_n == n:
         how, sources = "own", [rank]
     elif meta["momenta_identical"]:
         how, sources = "rank0", [0]
     else:
         how, sources = "average", list(range(saved_n))
+    momenta, stats = _read_momenta(path, opt, how, sources)
+    extra = dict(step=meta["step"], world_size=n, rank=rank, method=meta["method"], levels=meta["levels"],
+                 dense_warmup=meta["dense_warmup"],
+                 momenta_identical=meta["momenta_identical"] if how == "own" else True)
+    if stats is not None:
+        extra["stats"] = stats
+    opt.load_state_dict({"state": {int(i): {"exp_avg": m} for i, m in momenta.items()},
+                         "param_groups": _groups(meta), "lioncub": extra})
+    if how != "own":
+        opt.stats = CommStats(steps=meta["step"])
+        say = log.info if how == "rank0" else log.warning
+        if rank == 0:
+            say("lioncub.checkpoint: %s was saved by %d rank(s) and resumes on %d: %s", path, saved_n, n,
+                "their momenta were identical, every rank takes rank 0's" if how == "rank0" else
+                "each rank had its own momentum; every rank starts from their average (the policy for a "
+                "different world size)")
+    return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"])
+
+
+def _load_model_and_meta(path: str, model, opt) -> dict:
+    """Load the model (DCP loads in place; load_state_dict then checks every key) and return the checked
+    metadata."""
+    head = {"model": model.state_dict(), "lioncub": {"meta": ""}}
+    _dcp(dcp.load, head, path, opt)
+    model.load_state_dict(head["model"])
+    meta = json.loads(head["lioncub"]["meta"])
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a lioncub checkpoint of format {FORMAT} (got {meta.get('format')!r})")
+    shapes = [list(p.shape) for p in _params(opt)]
+    if meta["shapes"] != shapes:
+        raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
+                         f"{shapes}: build the model and the optimizer as for the saved run")
+    return meta
+
+
+def _read_momenta(path: str, opt, how: str, sources: list) -> tuple[dict, dict | None]:
+    """({parameter index: momentum}, this rank's saved stats or None): the saved ranks `sources`' momenta,
+    read a few ranks at a time, and for `how` == "average" their fp32 mean (summed in rank order)."""
+    params = _params(opt)
+    with_state = [i for i, p in enumerate(params) if "exp_avg" in opt.state[p]]
     acc = stats = None
     for first in range(0, len(sources), _LOAD_RANKS_AT_ONCE):
         chunk = sources[first : first + _LOAD_RANKS_AT_ONCE]
-        part = {f"rank{r}": {"exp_avg": {str(i): torch.empty_like(opt.state[params[i]]["exp_avg"]) for i in with_state},
-                             "stats": ""} for r in chunk}
+        part = {f"rank{r}": {"exp_avg": {str(i): torch.empty_like(opt.state[params[i]]["exp_avg"])
+                                         for i in with_state}, "stats": ""} for r in chunk}
         _dcp(dcp.load, part, path, opt)
         if how == "own":
-            stats = json.loads(part[f"rank{rank}"]["stats"])
+            stats = json.loads(part[f"rank{opt.rank}"]["stats"])
         for r in chunk:
             loaded = part[f"rank{r}"]["exp_avg"]
             if how != "average":
@@ -125,26 +156,12 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
                 for i, m in loaded.items():
                     acc[i] += m.float()
     if how == "average":
-        acc = {i: (m / saved_n).to(opt.state[params[int(i)]]["exp_avg"].dtype) for i, m in acc.items()}
-    extra = dict(step=meta["step"], world_size=n, rank=rank, method=meta["method"], levels=meta["levels"],
-                 dense_warmup=meta["dense_warmup"],
-                 momenta_identical=meta["momenta_identical"] if how == "own" else True)
-    if stats is not None:
-        extra["stats"] = stats
-    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
-    opt.load_state_dict({"state": {int(i): {"exp_avg": m} for i, m in acc.items()}, "param_groups": groups,
-                         "lioncub": extra})
-    if how != "own":
-        from lioncub.optim import CommStats
+        acc = {i: (m / len(sources)).to(opt.state[params[int(i)]]["exp_avg"].dtype) for i, m in acc.items()}
+    return acc, stats
 
-        opt.stats = CommStats(steps=meta["step"])
-        say = log.info if how == "rank0" else log.warning
-        if rank == 0:
-            say("lioncub.integrations.checkpoint: %s was saved by %d rank(s) and resumes on %d: %s", path, saved_n, n,
-                "their momenta were identical, every rank takes rank 0's" if how == "rank0" else
-                "each rank had its own momentum; every rank starts from their average (the policy for a "
-                "different world size)")
-    return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"])
+
+def _groups(meta: dict) -> list:
+    return [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
 
 
 def _load_shards(path: str, opt, meta: dict) -> dict:
@@ -154,16 +171,16 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
         raise ValueError(f"{path}: saved by {saved[0]} ranks in nodes of {saved[1]}; this optimizer has "
                          f"{opt.world_size} in nodes of {opt.node_size}: a hierarchical optimizer's momentum shards "
                          f"resume on the same layout only")
-    part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(opt._buckets)},
+    buckets = opt.engine.buckets
+    part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(buckets)},
                                 "stats": ""}}
     _dcp(dcp.load, part, path, opt)
     mine = part[f"rank{opt.rank}"]
-    shards = [mine["momentum_shards"][str(k)] for k in range(len(opt._buckets))]
-    groups = [dict(g, betas=tuple(g["betas"])) if "betas" in g else g for g in meta["param_groups"]]
+    shards = [mine["momentum_shards"][str(k)] for k in range(len(buckets))]
     extra = dict(step=meta["step"], world_size=opt.world_size, rank=opt.rank, method=meta["method"],
                  levels=meta["levels"], dense_warmup=meta["dense_warmup"], momenta_identical=meta["momenta_identical"],
                  node_size=opt.node_size, momentum_shards=shards, stats=json.loads(mine["stats"]))
-    opt.load_state_dict({"state": {}, "param_groups": groups, "lioncub": extra})
+    opt.load_state_dict({"state": {}, "param_groups": _groups(meta), "lioncub": extra})
     return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
 
 

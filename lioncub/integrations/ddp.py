@@ -51,10 +51,10 @@ def attach_ddp(ddp_model, opt) -> None:
     parameters (or a framework's wrapper of one)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError(f"attach_ddp needs a torch DistributedDataParallel model, got {type(ddp_model).__name__}")
-    opt = unwrap_optimizer(opt)
-    if opt._ddp is ddp_model:
+    engine = unwrap_optimizer(opt).engine
+    if engine.attached_to is ddp_model:
         return
-    mine = {id(p) for b in opt._buckets for p in b.params}
+    mine = {id(p) for b in engine.buckets for p in b.params}
     theirs = {id(p) for p in ddp_model.module.parameters() if p.requires_grad}
     if mine != theirs:
         raise ValueError(f"the optimizer's parameters ({len(mine)}) are not the DDP model's trainable parameters "
@@ -63,11 +63,5 @@ def attach_ddp(ddp_model, opt) -> None:
 
     ddp_model.register_comm_hook(None, _no_allreduce)
     # (a LionCub built before the framework initialised torch.distributed learns its world size here)
-    opt._use_process_group(dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)))
-    opt._private_grads = True
-    opt._ddp = ddp_model
-    if opt._overlap is not None:
-        opt._overlap.sync_wanted = lambda: ddp_model.require_backward_grad_sync
-    for b in opt._buckets:  # .grad belongs to DDP from now on; the buckets keep their own copies
-        for p in b.params:
-            p.grad = None
+    engine.attach(ddp_model, dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)),
+                  lambda: ddp_model.require_backward_grad_sync)

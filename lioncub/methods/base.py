@@ -135,24 +135,56 @@ class FieldMethod(Method):
 
 torch = LazyModule("torch")
 dist = LazyModule("torch.distributed")
+kernels = LazyModule("lioncub.kernels")
 transport = LazyModule("lioncub.comm.transport")
 
 
 class Exchange:
-    """The buffers and collectives of one bucket.
+    """The torch side of one bucket of a method: its buffers, the encode pipeline and its collectives.
 
-    code: the buffer the codec kernel fills (a dense method: the gradients themselves).
-    layout: the p-bit FieldLayout, or None. collectives: what one call puts on the wire.
-    `__call__()` runs the collectives, with `vote()` (the local work between them) where the method has
-    one, and returns `agreed()`: the agreed code for `lioncub.kernels.unpack_apply`.
+    The pipeline, written once here and used by the optimizer (in step() and during backward), the lab's
+    probes and calibration:
+      1. `prepare(g, m, ...)`: the pre-pass (reads only): whether g is finite, and the L1 multipliers;
+      2. `pack(g, m, mult, ...)`: c = b1 m + (1 - b1) g quantized and packed into `code` (and the momentum
+         update fused in, unless it is deferred until the ranks have agreed to take the step);
+      3. `__call__()`: the collectives, with `vote()` (the local work between them) where the method has
+         one; returns `agreed()`, the agreed code;
+      4. `apply(p, code, ...)`: p <- p(1 - lr wd) - lr U from the agreed code (and a deferred momentum update).
+    `encode` is steps 1 and 2. A dense method has no codec: its `code` is the gradients, which `__call__`
+    averages in place. `layout` is the p-bit FieldLayout or None; `collectives` what one call puts on the wire.
     """
 
     layout = None
 
     def __init__(self, method: Method, n: int, group, levels: int, world_size: int | None):
-        self.group, self.name = group, method.name
+        self.group, self.name, self.codec, self.levels = group, method.name, method.codec, levels
         self.N = world_size or transport.group_rank_size(group)[1]
         self.collectives = method.collectives(n, self.N, levels)
+
+    def prepare(self, g, m, *, beta1: float, offsets: list[int]):
+        """Step 1: (all of g finite, as a 0-dim bool tensor: nothing waits for the device; the L1 multipliers
+        of the segments between `offsets`, or None)."""
+        return kernels.prepass(self.codec, g, m, beta1=beta1, offsets=offsets, levels=self.levels)
+
+    def pack(self, g, m, mult, *, beta1: float, beta2: float, offsets: list[int], zero_parity: int = 0,
+             update_momentum: bool = True) -> None:
+        """Step 2. `zero_parity`: which way a voter whose c is exactly 0 votes in 1-bit codes."""
+        kernels.quantize_pack(self.codec, g, m, self.code, beta1=beta1, beta2=beta2, zero_parity=zero_parity,
+                              layout=self.layout, mult=mult, offsets=offsets, levels=self.levels,
+                              update_momentum=update_momentum)
+
+    def encode(self, g, m, *, beta1: float, beta2: float, offsets: list[int], zero_parity: int = 0,
+               update_momentum: bool = True):
+        """Steps 1 and 2; returns step 1's finite flag."""
+        ok, mult = self.prepare(g, m, beta1=beta1, offsets=offsets)
+        self.pack(g, m, mult, beta1=beta1, beta2=beta2, offsets=offsets, zero_parity=zero_parity,
+                  update_momentum=update_momentum)
+        return ok
+
+    def apply(self, p, code, *, lr: float, wd: float, momentum=None) -> None:
+        """Step 4; momentum=(g, m, beta2) also applies the momentum update that `pack` left out."""
+        kernels.unpack_apply(self.codec, p, code, lr=lr, wd=wd, world_size=self.N, levels=self.levels,
+                             layout=self.layout, momentum=momentum)
 
     def vote(self) -> None:
         pass
@@ -162,7 +194,7 @@ class Exchange:
 
     def result(self):
         """The flat tensor that holds the agreed code after a call (what the hierarchical layout all-gathers
-        inside a node); `code_from` reads a tensor laid out like it as a code for unpack_apply."""
+        inside a node); `code_from` reads a tensor laid out like it as a code for `apply`."""
         return self.code
 
     def code_from(self, result):

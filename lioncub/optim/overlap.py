@@ -26,8 +26,11 @@ import queue
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 
 import torch
+
+from lioncub.optim.passes import ExchangePass
 
 _FLUSH, _STOP = "flush", "stop"
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for shutdown()
@@ -43,25 +46,38 @@ def shutdown(timeout: float = 5.0) -> None:
 atexit.register(shutdown)
 
 
-class Overlap:
-    """The hooks, the communication thread and the state of one backward pass."""
+@dataclass(eq=False)
+class _Backward:
+    """One backward pass as the hooks see it: which buckets are complete, which are queued, and the
+    ExchangePass the communication thread fills."""
 
-    def __init__(self, opt):
-        self._opt = weakref.ref(opt)
+    result: ExchangePass
+    pending: list  # per bucket: gradients still to come
+    complete: list
+    events: list  # per bucket: the CUDA event recorded when it became ready (CUDA only)
+    cursor: int = 0  # buckets [0, cursor) are queued
+    done: threading.Event = field(default_factory=threading.Event)
+    error: BaseException | None = None
+
+
+class Overlap:
+    """The hooks and the communication thread of one optimizer engine (lioncub.optim.engine.Engine)."""
+
+    def __init__(self, engine):
+        self._engine = weakref.ref(engine)
         self.enabled = True
         self.sync_wanted = lambda: True  # under DDP: DDP's require_backward_grad_sync (its no_sync())
+        buckets = engine.buckets
         self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
-        for k, b in enumerate(opt._buckets):
+        for k, b in enumerate(buckets):
             for i, p in enumerate(b.params):
                 self._where[id(p)] = (k, i)
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in opt._buckets
-                       for p in b.params]
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in buckets for p in b.params]
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
-        self._cuda = any(b.p.is_cuda for b in opt._buckets)
-        self._stream = torch.cuda.Stream(device=opt._buckets[0].p.device) if self._cuda else None
-        self.results: dict | None = None  # of the last completed pass, for step()
-        self._pass: dict | None = None
+        self._cuda = buckets.is_cuda
+        self._stream = torch.cuda.Stream(device=buckets.device) if self._cuda else None
+        self._pass: _Backward | None = None
 
     # --- hooks (the autograd thread) --------------------------------------------------------------------
 
@@ -75,37 +91,35 @@ class Overlap:
         return hook
 
     def _on_grad(self, param) -> None:
-        opt = self._opt()
-        if opt is None:
+        engine = self._engine()
+        if engine is None:
             return
         if self._pass is None:
-            self._begin_pass(opt)
+            self._begin_pass(engine)
         k, i = self._where[id(param)]
-        opt._capture_grad(param, k, i)
+        engine.buckets.capture(param, k, i)
         state = self._pass
-        state["pending"][k] -= 1
-        if state["pending"][k] == 0:
+        state.pending[k] -= 1
+        if state.pending[k] == 0:
             if self._cuda:
                 ev = torch.cuda.Event()
                 ev.record()
-                state["events"][k] = ev
-            state["complete"][k] = True
-            while state["cursor"] < len(state["complete"]) and state["complete"][state["cursor"]]:
-                self._jobs.put((state["cursor"], state))
-                state["cursor"] += 1
+                state.events[k] = ev
+            state.complete[k] = True
+            while state.cursor < len(state.complete) and state.complete[state.cursor]:
+                self._jobs.put((state.cursor, state))
+                state.cursor += 1
 
-    def _begin_pass(self, opt) -> None:
+    def _begin_pass(self, engine) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=_serve, args=(self._jobs, self._opt, self._stream),
+            self._thread = threading.Thread(target=_serve, args=(self._jobs, self._engine, self._stream),
                                             name="lioncub-comm", daemon=True)
             self._thread.start()
             _LIVE.add(self)
-        self.results = None
-        n = len(opt._buckets)
-        self._pass = dict(pending=[len(b.params) for b in opt._buckets], complete=[False] * n, cursor=0,
-                          events=[None] * n, done=threading.Event(), error=None, step=opt._step + 1,
-                          finite=[], bad=0, quantize_s=0.0, comm_s=0.0, codes=[None] * n, versions=None,
-                          collectives=[])
+        engine.offer(None)
+        n = len(engine.buckets)
+        self._pass = _Backward(engine.begin_pass(), pending=[len(b.params) for b in engine.buckets],
+                               complete=[False] * n, events=[None] * n)
         torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
@@ -114,20 +128,22 @@ class Overlap:
         if state is None:
             return
         t0 = time.perf_counter()
-        for k in range(state["cursor"], len(state["complete"])):
-            if self._cuda and state["events"][k] is None:
+        for k in range(state.cursor, len(state.complete)):
+            if self._cuda and state.events[k] is None:
                 ev = torch.cuda.Event()
                 ev.record()
-                state["events"][k] = ev
+                state.events[k] = ev
             self._jobs.put((k, state))
         self._jobs.put((_FLUSH, state))
-        state["done"].wait()
+        state.done.wait()
         if self._cuda:
             torch.cuda.current_stream().wait_stream(self._stream)
-        state["exposed_s"] = time.perf_counter() - t0
-        if state["error"] is not None:
-            raise state["error"]
-        self.results = state
+        state.result.exposed_s = time.perf_counter() - t0
+        if state.error is not None:
+            raise state.error
+        engine = self._engine()
+        if engine is not None:
+            engine.offer(state.result)
 
     def close(self, join_timeout: float | None = None) -> None:
         """Remove the hooks and end the thread (also when the optimizer is garbage-collected); with
@@ -145,26 +161,26 @@ class Overlap:
         self.close()
 
 
-def _serve(jobs: queue.Queue, opt_ref, stream) -> None:
+def _serve(jobs: queue.Queue, engine_ref, stream) -> None:
     """The communication thread: bucket jobs in the order they were queued, then the pass's control
-    message. It holds no strong reference to the optimizer, so an optimizer that is dropped is collected."""
+    message. It holds no strong reference to the engine, so an optimizer that is dropped is collected."""
     while True:
         job = jobs.get()
         if job == _STOP:
             return
         k, state = job
-        opt = opt_ref()
-        if opt is not None and state["error"] is None:
+        engine = engine_ref()
+        if engine is not None and state.error is None:
             try:  # an error is re-raised by the autograd thread at the end of backward
                 with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                     if k == _FLUSH:
-                        opt._agree_pass(state)
+                        engine.end_pass(state.result)
                     else:
-                        if state["events"][k] is not None:
-                            stream.wait_event(state["events"][k])
-                        opt._encode_and_exchange(k, state)
+                        if state.events[k] is not None:
+                            stream.wait_event(state.events[k])
+                        engine.exchange_bucket(k, state.result, captured=engine.buckets.private and state.complete[k])
             except BaseException as exc:
-                state["error"] = exc
-        del opt
+                state.error = exc
+        del engine
         if k == _FLUSH:
-            state["done"].set()
+            state.done.set()

@@ -158,11 +158,9 @@ def _median_time(fn, repeat: int = 5) -> float:
 
 
 def _method_work(method: str, n: int, world: int, rank: int, device):
-    """The local work of one bucket of n elements as LionCub.step does it: the codec and the method's
-    exchange without its collectives."""
+    """The local work of one bucket of n elements as LionCub.step does it: the method's encode pipeline
+    without its collectives (lioncub.methods.base.Exchange)."""
     import torch
-
-    from lioncub import kernels
 
     meth = methods.get(method)
     levels = meth.resolve_levels(world)
@@ -174,12 +172,9 @@ def _method_work(method: str, n: int, world: int, rank: int, device):
     offsets = [0, n]
 
     def work():
-        _, mult = kernels.prepass(meth.codec, g, m, beta1=0.9, offsets=offsets, levels=levels)
-        kernels.quantize_pack(meth.codec, g, m, x.code, layout=x.layout, mult=mult, offsets=offsets,
-                              levels=levels, beta1=0.9, beta2=0.99)
+        x.encode(g, m, beta1=0.9, beta2=0.99, offsets=offsets)
         x.vote()
-        kernels.unpack_apply(meth.codec, p, x.agreed(), lr=1e-6, wd=0.0, world_size=world, levels=levels,
-                             layout=x.layout)
+        x.apply(p, x.agreed(), lr=1e-6, wd=0.0)
 
     return work
 

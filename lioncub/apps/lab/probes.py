@@ -4,7 +4,7 @@ lab validate`).
 SIZE means what it means in `lioncub simulate collective`: the bytes of each rank's whole buffer
 (all-reduce input, all-gather output, all-to-all send buffer, reduce-scatter input). For the lioncub
 composite ops it is the bytes of the fp32 bucket synchronized, and they run the optimizer's real
-transport (`lioncub.comm.transport.composite_op`): exactly one bucket's collectives, as LionCub.step does.
+transport (`lioncub.methods.probe.composite_op`): exactly one bucket's collectives, as LionCub.step does.
 
 Each probe: warm-up calls, then `repeat` timed calls, each started right after a barrier; a call's
 time is the slowest rank's, and `seconds` is the median over the repetitions.
@@ -72,7 +72,7 @@ def _make_op(p: dict, world: int):
 
     op, size = p["op"], p["size"]
     if op in COMPOSITE_OPS:
-        from lioncub.comm.transport import composite_op
+        from lioncub.methods.probe import composite_op
 
         n = composite_elements(size)
         return composite_op(op, n, group=None, levels=p["levels"]), 4 * n, {"n_elements": n}

@@ -1,4 +1,4 @@
-"""The hierarchical layout: average inside a node, vote across nodes, momentum sharded inside the node.
+"""The node layout's pieces: process groups of nodes, and a bucket's exchange when a node votes as one.
 
 Ranks form nodes of G (node-major, as torchrun numbers them: rank = node * G + local rank). Per bucket of
 n parameters, padded to G shards of S = lioncub.comm.wire.shard_elements(n, G):
@@ -22,7 +22,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from lioncub import kernels
+from lioncub import methods
 from lioncub.comm import transport, wire
 
 
@@ -53,9 +53,9 @@ def agree_node_size(group, G: int, device="cpu") -> None:
 
 
 class Nodes:
-    """The process groups of the hierarchical layout over `group` (the optimizer's data-parallel group):
-    `intra` (this rank's node) and `cross` (this local rank's peers on every node). Every rank of the world
-    must build it at the same time (it creates process groups), so `group` must span the world."""
+    """The process groups of the node layout over `group` (the optimizer's data-parallel group): `intra`
+    (this rank's node) and `cross` (this local rank's peers on every node). Every rank of the world must
+    build it at the same time (it creates process groups), so `group` must span the world."""
 
     def __init__(self, group, size: int):
         world = dist.get_world_size()
@@ -78,6 +78,13 @@ class Nodes:
             if j == self.local:
                 self.cross = pg
 
+    def gather(self, name: str, mine: torch.Tensor, out: torch.Tensor) -> list:
+        """All-gather the flat tensor `mine` inside the node into the uint8 buffer `out`: the G ranks' copies,
+        as views of mine's dtype."""
+        transport.call(name, transport.all_gather, out, mine.view(torch.uint8), group=self.intra)
+        n = mine.numel() * mine.element_size()
+        return [out[s * n : (s + 1) * n].view(mine.dtype) for s in range(self.size)]
+
 
 def shard_offsets(offsets: list[int], start: int, size: int) -> list[int]:
     """The segment boundaries (one segment per parameter tensor) of the shard [start, start + size) of a
@@ -90,8 +97,8 @@ def shard_offsets(offsets: list[int], start: int, size: int) -> list[int]:
 
 
 class ShardExchange:
-    """One bucket's hierarchical exchange on this rank: its shard's mean gradient (`grad`), the method's
-    exchange of the shard across nodes (`inner`: its `code` is what quantize fills) and the node's
+    """One bucket's exchange on this rank when nodes vote: its shard's mean gradient (`grad`), the method's
+    exchange of the shard across nodes (`inner`, whose encode pipeline fills `code`) and the node's
     all-gather of the agreed codes."""
 
     def __init__(self, spec, b, nodes: Nodes, levels: int, grad_wire_dtype: str, group=None):
@@ -104,15 +111,16 @@ class ShardExchange:
         self._recv = self.grad if wire_dtype == dtype else torch.empty(S, dtype=wire_dtype, device=device)
         self.offsets = shard_offsets(b.offsets, nodes.local * S, S)  # of this rank's shard
         self.inner = spec.exchange(S, device, nodes.cross, levels=levels)
-        self.layout = self.inner.layout
-        self.code = self.inner.code
+        self.layout, self.code = self.inner.layout, self.inner.code
+        # the encode pipeline (steps 1 and 2) runs on the shard
+        self.prepare, self.pack, self.encode = self.inner.prepare, self.inner.pack, self.inner.encode
         result = self.inner.result()
         self._gathered = torch.empty(G * result.numel() * result.element_size(), dtype=torch.uint8, device=device)
         self.collectives = spec.hierarchical_collectives(b.n, nodes.size * nodes.count, G, levels,
                                                          str(wire_dtype).removeprefix("torch."))
 
     def reduce(self, g_full: torch.Tensor) -> torch.Tensor:
-        """Step 1: `grad` <- the node's mean of this rank's shard of the padded bucket gradient."""
+        """Step 1 of the layout: `grad` <- the node's mean of this rank's shard of the padded bucket gradient."""
         src = g_full if self._send is None else self._send.copy_(g_full)
         transport.call("reduce_scatter (hierarchical gradients)", transport.reduce_scatter, self._recv, src,
                        group=self.nodes.intra)
@@ -121,19 +129,18 @@ class ShardExchange:
         return self.grad.div_(self.nodes.size)
 
     def __call__(self) -> list:
-        """Steps 2 and 3 (after quantize filled `code`): the agreed code of every shard of the bucket."""
+        """Steps 2 and 3 (after `pack` filled `code`): the agreed code of every shard of the bucket."""
         self.inner()
-        return [self.inner.code_from(r) for r in gather_in_node(
-            self.nodes, "all_gather_into_tensor (hierarchical codes)", self.inner.result(), self._gathered)]
+        return [self.inner.code_from(r) for r in self.nodes.gather("all_gather_into_tensor (hierarchical codes)",
+                                                                   self.inner.result(), self._gathered)]
 
-    def apply(self, codec, b, codes: list, h: dict, levels: int, deferred: bool) -> None:
+    def apply_shards(self, b, codes: list, h, deferred: bool) -> None:
         """Every shard's update on the padded parameters; with `deferred`, the momentum update of this rank's
-        shard that quantize left out (from the node's mean gradient)."""
+        shard that `pack` left out (from the node's mean gradient)."""
         S, mine = self.shard, self.nodes.local
         for s, code in enumerate(codes):
-            kernels.unpack_apply(codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"],
-                                 world_size=self.nodes.count, levels=levels, layout=self.layout,
-                                 momentum=(self.grad, b.m, h["beta2"]) if deferred and s == mine else None)
+            self.inner.apply(b.p_full[s * S : (s + 1) * S], code, lr=h.lr, wd=h.wd,
+                             momentum=(self.grad, b.m, h.beta2) if deferred and s == mine else None)
 
     def pieces(self, b, codes: list) -> list[tuple]:
         """(code, elements) of every shard, the padding left out (what lioncub.optim.agreement reads)."""
@@ -142,32 +149,24 @@ class ShardExchange:
 
 
 class SignGather:
-    """A dense warm-up step's node all-gather: each rank forms sign(c) of its shard (vote-pbit's 2-bit fields
-    of one voter, `code`) and the node gathers them, so every rank applies every shard's."""
+    """A dense step's node all-gather, on gradients averaged over every rank: each rank encodes sign(c) of its
+    shard with its momentum shard (vote-pbit's 2-bit fields of one voter, through that method's own pipeline)
+    and the node gathers them, so every rank applies every shard's: bit-identical to Lion on the mean."""
 
-    def __init__(self, spec, b, nodes: Nodes):
-        self.spec, self.layout, self.nodes = spec, spec.layout(1), nodes
-        self.code = torch.zeros(self.layout.words(b.shard), dtype=getattr(torch, self.layout.dtype),
-                                device=b.g.device)
-        nbytes = self.code.numel() * self.code.element_size()
+    SPEC = "vote-pbit"
+
+    def __init__(self, b, nodes: Nodes):
+        self.nodes = nodes
+        self.x = methods.get(self.SPEC).exchange(b.shard, b.g.device, world_size=1)
+        nbytes = self.x.code.numel() * self.x.code.element_size()
         self._gathered = torch.empty(nodes.size * nbytes, dtype=torch.uint8, device=b.g.device)
         self.collective = wire.Collective("allgather", nodes.size * nbytes, "uint8", "node")
 
-    def lion_step(self, b, h: dict) -> None:
+    def lion_step(self, b, h) -> None:
         """Lion on the (averaged) gradient of bucket b: this rank's shard updates its momentum, every shard
         its parameters."""
-        S, mine, codec = b.shard, self.nodes.local, self.spec.codec
-        kernels.quantize_pack(codec, b.g_full[mine * S : (mine + 1) * S], b.m, self.code, beta1=h["beta1"],
-                              beta2=h["beta2"], layout=self.layout)
-        for s, code in enumerate(gather_in_node(self.nodes, "all_gather_into_tensor (hierarchical signs)",
-                                                self.code, self._gathered)):
-            kernels.unpack_apply(codec, b.p_full[s * S : (s + 1) * S], code, lr=h["lr"], wd=h["wd"], world_size=1,
-                                 layout=self.layout)
-
-
-def gather_in_node(nodes: Nodes, name: str, mine: torch.Tensor, out: torch.Tensor) -> list:
-    """All-gather the flat tensor `mine` inside the node into the uint8 buffer `out`: the G ranks' copies, as
-    views of mine's dtype."""
-    transport.call(name, transport.all_gather, out, mine.view(torch.uint8), group=nodes.intra)
-    n = mine.numel() * mine.element_size()
-    return [out[s * n : (s + 1) * n].view(mine.dtype) for s in range(nodes.size)]
+        S, mine = b.shard, self.nodes.local
+        self.x.pack(b.g_full[mine * S : (mine + 1) * S], b.m, None, beta1=h.beta1, beta2=h.beta2, offsets=None)
+        for s, code in enumerate(self.nodes.gather("all_gather_into_tensor (hierarchical signs)", self.x.code,
+                                                   self._gathered)):
+            self.x.apply(b.p_full[s * S : (s + 1) * S], code, lr=h.lr, wd=h.wd)

@@ -1,0 +1,248 @@
+"""The optimizer's memory: every parameter, gradient and momentum in flat per-dtype buffers, cut into buckets.
+
+Each parameter's `.data` and `.grad` are views into the buffers (as DDP does with gradient_as_bucket_view), so
+the codec kernels run once per bucket over contiguous memory and nothing is copied per step. A `.grad` that
+was set to None or replaced still works, at the cost of a copy (`collect`). Under torch DDP (`keep_private`)
+`.grad` belongs to DDP and the buckets hold copies of it.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from lioncub import kernels
+from lioncub.comm import wire
+
+BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+class Hyper(NamedTuple):
+    """A param group's hyperparameters as the kernels take them (read at every step: schedulers change lr)."""
+
+    lr: float
+    wd: float
+    beta1: float
+    beta2: float
+
+
+class Bucket:
+    """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
+    gradients come in backward (0: first), relative to its group."""
+
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, padded=None):
+        self.group_index, self.params, self.order = group_index, params, order
+        self.p, self.g, self.m = p, g, m  # flat views (m: this rank's shard in the node layout)
+        self.offsets = offsets  # segment boundaries, one segment per parameter tensor
+        self.n = p.numel()
+        # node layout: p and g padded with zeros to G shards of `shard` elements
+        self.p_full, self.g_full = padded or (p, g)
+        self.shard = m.numel()
+        size = p.element_size()  # where each parameter's .data and .grad views start (checked every step)
+        self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
+        self.grad_ptrs = [g.data_ptr() + size * s for s in offsets[:-1]]
+
+    def grad_in_place(self, i: int, param) -> bool:
+        """Whether parameter i's .grad is still its view of the bucket."""
+        grad = param.grad
+        return grad is not None and grad.data_ptr() == self.grad_ptrs[i] and grad.numel() == param.numel()
+
+    def segments(self):
+        """(index, parameter, start, end) of each parameter in the bucket."""
+        return ((i, p, s, e) for i, (p, s, e) in enumerate(zip(self.params, self.offsets[:-1], self.offsets[1:])))
+
+
+class BucketSet:
+    """The buckets of an optimizer's param groups, in the order backward produces their gradients.
+
+    `node_size` G > 1 pads each bucket to G shards and keeps only this rank's shard of its momentum (the node
+    layout); with G = 1 each parameter's momentum is a view too, stored as `state[p]["exp_avg"]`."""
+
+    def __init__(self, param_groups: list, state, bucket_bytes: int, node_size: int = 1):
+        self.param_groups, self.bucket_bytes, self.node_size = param_groups, bucket_bytes, node_size
+        self.private = False
+        self.buckets: list[Bucket] = []
+        seen = set()
+        with torch.no_grad():
+            for gi, group in enumerate(param_groups):
+                by_kind: dict[tuple, list] = {}
+                for p in group["params"]:
+                    if p.requires_grad and id(p) not in seen and p.numel() > 0:
+                        seen.add(id(p))
+                        by_kind.setdefault((p.device, p.dtype), []).append(p)
+                for (device, dtype), params in by_kind.items():
+                    if dtype not in DTYPES:
+                        raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
+                    self.buckets += self._flatten(gi, params[::-1], dtype, device, state)  # backward's order
+        self.buckets.sort(key=lambda b: b.order)  # stable: groups interleave by where their gradients come
+
+    def __iter__(self):
+        return iter(self.buckets)
+
+    def __len__(self) -> int:
+        return len(self.buckets)
+
+    def __getitem__(self, k: int) -> Bucket:
+        return self.buckets[k]
+
+    @property
+    def device(self):
+        return self.buckets[0].g.device if self.buckets else torch.device("cpu")
+
+    @property
+    def is_cuda(self) -> bool:
+        return any(b.p.is_cuda for b in self.buckets)
+
+    def hyper(self, b: Bucket) -> Hyper:
+        group = self.param_groups[b.group_index]
+        beta1, beta2 = group["betas"]
+        return Hyper(group["lr"], group["weight_decay"], beta1, beta2)
+
+    def _cut(self, params) -> list[list]:
+        groups, current, size = [], [], 0
+        for p in params:
+            current.append(p)
+            size += p.numel() * p.element_size()
+            if size >= self.bucket_bytes:
+                groups.append(current)
+                current, size = [], 0
+        if current:
+            groups.append(current)
+        return groups
+
+    def _flatten(self, group_index, params, dtype, device, state) -> list[Bucket]:
+        """Copy `params` into flat buffers (each bucket starting on a 64-byte boundary), make each
+        parameter's .data, .grad and momentum views into them, and cut them into buckets."""
+        align = BUCKET_ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
+        G = self.node_size
+        groups = self._cut(params)
+        starts, total, first, shards = [], 0, [0], []
+        for members in groups:
+            first.append(first[-1] + len(members))
+            starts.append(total)
+            count = sum(p.numel() for p in members)
+            shards.append(wire.shard_elements(count, G) if G > 1 else count)
+            total += G * shards[-1] if G > 1 else -(-count // align) * align
+        P = torch.zeros(total, dtype=dtype, device=device)
+        Gr = torch.zeros(total, dtype=dtype, device=device)
+        M = torch.zeros(total if G == 1 else sum(shards), dtype=dtype, device=device)
+        buckets, m_start = [], 0
+        for start, members, before, shard in zip(starts, groups, first, shards):
+            bounds = [0]
+            for p in members:
+                lo, n = start + bounds[-1], p.numel()
+                P[lo : lo + n].copy_(p.data.reshape(-1))
+                if p.grad is not None:
+                    Gr[lo : lo + n].copy_(p.grad.reshape(-1))
+                p.data = P[lo : lo + n].view_as(p)
+                p.grad = Gr[lo : lo + n].view_as(p)
+                if G == 1:  # (node layout: each rank holds a shard of the bucket's momenta, not whole ones)
+                    state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
+                bounds.append(bounds[-1] + n)
+            end = start + bounds[-1]
+            if G == 1:
+                m, padded = M[start:end], None
+            else:
+                end_full = start + G * shard
+                m, padded = M[m_start : m_start + shard], (P[start:end_full], Gr[start:end_full])
+                m_start += shard
+            buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, bounds,
+                                  before / len(params), padded))
+        return buckets
+
+    # --- gradients ---------------------------------------------------------------------------------------
+
+    def keep_private(self) -> None:
+        """From now on .grad belongs to another owner (torch DDP); the buckets keep their own copies, which
+        `capture` (during backward) or `collect` fills."""
+        self.private = True
+        for b in self.buckets:
+            for p in b.params:
+                p.grad = None
+
+    def zero(self) -> None:
+        """Zero the gradient buffers, keeping each .grad a view into them (unless private)."""
+        for b in self.buckets:
+            b.g.zero_()
+            if not self.private:
+                for i, p, s, e in b.segments():
+                    if not b.grad_in_place(i, p):
+                        p.grad = b.g[s:e].view_as(p)
+
+    @torch.no_grad()
+    def collect(self, b: Bucket | None = None) -> None:
+        """Bring every gradient of bucket b (default: all) into its view: None counts as zero, a replaced
+        tensor is copied (under DDP: every .grad is copied)."""
+        for bucket in self.buckets if b is None else (b,):
+            for i, p, s, e in bucket.segments():
+                if self.private:
+                    _copy_grad(p, bucket.g[s:e])
+                elif not bucket.grad_in_place(i, p):
+                    if p.grad is not None and p.grad.is_sparse:
+                        raise ValueError("LionCub does not support sparse gradients")
+                    _copy_grad(p, bucket.g[s:e])
+                    p.grad = bucket.g[s:e].view_as(p)
+
+    @torch.no_grad()
+    def capture(self, p, k: int, i: int) -> None:
+        """Copy parameter i of bucket k's final .grad into the bucket (private gradients only; called during
+        backward, before DDP's own hook can touch .grad)."""
+        if self.private:
+            b = self.buckets[k]
+            _copy_grad(p, b.g[b.offsets[i] : b.offsets[i + 1]])
+
+    @torch.no_grad()
+    def adopt_moved_params(self) -> None:
+        """Frameworks sometimes replace a parameter's .data after the optimizer was built (accelerate's
+        model.to("cpu:0") copies): bring the values back into the bucket and make .data its view again, so
+        the update lands in the model."""
+        for b in self.buckets:
+            for (_, p, s, e), ptr in zip(b.segments(), b.data_ptrs):
+                if p.data_ptr() == ptr:
+                    continue
+                view = b.p[s:e]
+                if p.device != view.device or p.dtype != view.dtype:
+                    raise ValueError(f"a parameter moved to {p.device}/{p.dtype} after LionCub was built on "
+                                     f"{view.device}/{view.dtype}: build the optimizer after model.to(...)")
+                view.copy_(p.data.reshape(-1))
+                p.data = view.view_as(p)
+
+    def versions(self) -> list[int]:
+        """The gradient buffers' version counters (torch's in-place write counters)."""
+        return [b.g._version for b in self.buckets]
+
+    def as_exchanged(self, versions) -> bool:
+        """Whether the gradients are still those of `versions`, in their views (private copies: only the
+        optimizer writes them, always)."""
+        if self.private:
+            return True
+        for b, version in zip(self.buckets, versions):
+            if b.g._version != version:
+                return False
+            if not all(b.grad_in_place(i, p) for i, p in enumerate(b.params)):
+                return False
+        return True
+
+    @torch.no_grad()
+    def scale_(self, factor, buffers_only: bool = False) -> None:
+        """Multiply every gradient by `factor` (a float or a 0-dim tensor): the buffers, and (private copies,
+        unless `buffers_only`) .grad alike."""
+        for b in self.buckets:
+            b.g.mul_(factor.to(b.g.device) if isinstance(factor, torch.Tensor) else factor)
+        if self.private and not buffers_only:
+            for b in self.buckets:
+                for p in b.params:
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
+
+    def all_finite(self) -> bool:
+        return kernels.all_finite([b.g for b in self.buckets])
+
+
+def _copy_grad(p, view) -> None:
+    if p.grad is None:
+        view.zero_()
+    else:
+        view.copy_(p.grad.reshape(-1))
