@@ -78,17 +78,26 @@ def allreduce_mean_(tensor: torch.Tensor, group=None, wire_dtype: torch.dtype = 
         tensor.copy_(buf)
 
 
-def agree_control(nonfinite, sumsq=None, group=None, device="cpu") -> tuple[int, float]:
+def agree_control(nonfinite, sumsq=None, group=None, device="cpu", unused: int = 0) -> tuple[int, float, int]:
     """The step's control message (lioncub.comm.wire.CONTROL): one float64 SUM all-reduce of [this rank's
-    non-finite count, its sum of squared gradients] (each a number or a 0-dim tensor, so that the step
-    waits for the device only here; sumsq 0 if None). Returns the sums."""
-    msg = torch.zeros(2, dtype=torch.float64, device=device)
+    non-finite count, its sum of squared gradients, how many of its parameters got no gradient] (each a
+    number or a 0-dim tensor, so that the step waits for the device only here; sumsq 0 if None). Returns
+    the sums."""
+    msg = torch.zeros(3, dtype=torch.float64, device=device)
     msg[0] = nonfinite
     if sumsq is not None:
         msg[1] = sumsq
+    msg[2] = unused
     call("all_reduce (control)", dist.all_reduce, msg, group=group)
-    count, total = msg.tolist()
-    return int(count), total
+    count, total, unused_total = msg.tolist()
+    return int(count), total, int(unused_total)
+
+
+def used_anywhere(used: list[bool], group=None, device="cpu") -> list[bool]:
+    """Per parameter, whether any rank of the group used it (an int32 SUM all-reduce of the flags)."""
+    t = torch.tensor(used, dtype=torch.int32, device=device)
+    call("all_reduce (unused parameters)", dist.all_reduce, t, group=group)
+    return [bool(x) for x in t.tolist()]
 
 
 def any_rank(flag: bool, group=None, device="cpu", what: str = "any rank") -> bool:

@@ -133,9 +133,16 @@ class Collective:
         return world_size
 
 
-# Each compressed step agrees, in one tiny all-reduce, whether any rank saw a non-finite gradient, and the
-# sum of the ranks' squared gradient norms (for LionCub.clip_grad_norm_): [count, sum] in float64.
-CONTROL = Collective("allreduce", 16, "float64")
+# Each step of more than one rank agrees, in one tiny all-reduce, how many ranks saw a non-finite gradient,
+# the sum of the ranks' squared gradient norms (for LionCub.clip_grad_norm_) and how many parameters got no
+# gradient: [count, sum, unused] in float64.
+CONTROL = Collective("allreduce", 24, "float64")
+
+
+def usage_collective(params: int) -> Collective:
+    """The flags of which parameters any rank used, sent on a step where some rank left some without a
+    gradient (LionCub then leaves the parameters no rank used untouched, as torch optimizers skip .grad None)."""
+    return Collective("allreduce", 4 * params, "int32")
 
 
 def momentum_sync_collectives(n: int) -> list[Collective]:

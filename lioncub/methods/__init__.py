@@ -12,13 +12,30 @@ from lioncub.methods import allreduce, avg_pbit, l1_pbit, vote_1bit, vote_allgat
 from lioncub.methods.base import FieldMethod, Method
 
 _MODULES = (allreduce, vote_allgather, vote_1bit, vote_pbit, avg_pbit, l1_pbit)
-REGISTRY: dict[str, Method] = {m.METHOD.name: m.METHOD for m in _MODULES}
-NAMES: tuple[str, ...] = tuple(REGISTRY)
+REGISTRY: dict[str, Method] = {}
+NAMES: tuple[str, ...] = ()
+COMPRESSED: tuple[str, ...] = ()  # the methods with a codec: every one but the baseline
 DEFAULT = "l1-pbit"
 # the baseline: averaged gradients, plain Lion, one momentum (the only dense method). Code that means the
 # baseline says BASELINE; code that means "a method without a codec" asks `get(name).dense`
 BASELINE = allreduce.METHOD.name
-COMPRESSED: tuple[str, ...] = tuple(name for name, m in REGISTRY.items() if not m.dense)
+
+
+def register(method: Method) -> None:
+    """Add `method` to the registry (what a module's line in `_MODULES` does). Modules that read NAMES when
+    they are imported see a method registered before they are."""
+    global NAMES, COMPRESSED
+    if not isinstance(method, Method) or not method.name:
+        raise ValueError(f"register() takes a lioncub.methods.Method with a name, got {method!r}")
+    if method.name in REGISTRY:
+        raise ValueError(f"a method named {method.name!r} is registered already")
+    REGISTRY[method.name] = method
+    NAMES = tuple(REGISTRY)
+    COMPRESSED = tuple(name for name, m in REGISTRY.items() if not m.dense)
+
+
+for _module in _MODULES:
+    register(_module.METHOD)
 
 
 def get(method: str | Method) -> Method:
@@ -36,4 +53,5 @@ def check(method: str) -> str:
     return get(method).name
 
 
-__all__ = ["BASELINE", "COMPRESSED", "DEFAULT", "NAMES", "REGISTRY", "FieldMethod", "Method", "check", "get"]
+__all__ = ["BASELINE", "COMPRESSED", "DEFAULT", "NAMES", "REGISTRY", "FieldMethod", "Method", "check", "get",
+           "register"]

@@ -4,10 +4,16 @@ Each parameter's `.data` and `.grad` are views into the buffers (as DDP does wit
 the codec kernels run once per bucket over contiguous memory and nothing is copied per step. A `.grad` that
 was set to None or replaced still works, at the cost of a copy (`collect`). Under torch DDP (`keep_private`)
 `.grad` belongs to DDP and the buckets hold copies of it.
+
+Which parameters got no gradient: torch optimizers skip a parameter whose .grad is None. Here .grad stays a
+view, so after `zero(set_to_none=True)` (and at construction) a hook notes which gradients backward writes;
+`collect` finds the others whose gradient is None, or still the zero view (`unused`). The engine then agrees
+across ranks which no rank used, and leaves those untouched.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import NamedTuple
 
 import torch
@@ -64,19 +70,47 @@ class BucketSet:
         self.param_groups, self.bucket_bytes, self.node_size = param_groups, bucket_bytes, node_size
         self.private = False
         self.buckets: list[Bucket] = []
-        seen = set()
-        with torch.no_grad():
-            for gi, group in enumerate(param_groups):
-                by_kind: dict[tuple, list] = {}
-                for p in group["params"]:
-                    if p.requires_grad and id(p) not in seen and p.numel() > 0:
-                        seen.add(id(p))
-                        by_kind.setdefault((p.device, p.dtype), []).append(p)
-                for (device, dtype), params in by_kind.items():
-                    if dtype not in DTYPES:
-                        raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
-                    self.buckets += self._flatten(gi, params[::-1], dtype, device, state)  # backward's order
+        self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
+        self.unused: set[tuple[int, int]] = set()  # (bucket, index): no gradient on this rank this step
+        self._seen: set[int] = set()
+        self._had_grad: set[int] = set()  # parameters with a .grad when they were flattened
+        self._touched: list[list[bool]] | None = []  # since the last zero(set_to_none=True): written by backward
+        for gi in range(len(param_groups)):
+            self.buckets += self._group_buckets(gi, state)
         self.buckets.sort(key=lambda b: b.order)  # stable: groups interleave by where their gradients come
+        self._index(self.buckets, 0)
+
+    def add_group(self, gi: int, state) -> int:
+        """Flatten param group `gi` (added after construction) into new buckets, after the others (so that the
+        existing buckets keep their places); returns how many."""
+        new = self._group_buckets(gi, state)
+        self._index(new, len(self.buckets))
+        self.buckets += new
+        return len(new)
+
+    def _index(self, buckets: list, first: int) -> None:
+        """Note where each parameter of `buckets` (from bucket index `first` on) is, and hook its gradient."""
+        hook = _touch_hook(self)
+        for k, b in enumerate(buckets, first):
+            for i, p in enumerate(b.params):
+                self.where[id(p)] = (k, i)
+                p.register_post_accumulate_grad_hook(hook)
+            if self._touched is not None:  # a gradient there before the optimizer was built counts as written
+                self._touched.append([id(p) in self._had_grad for p in b.params])
+
+    @torch.no_grad()
+    def _group_buckets(self, gi: int, state) -> list[Bucket]:
+        by_kind: dict[tuple, list] = {}
+        for p in self.param_groups[gi]["params"]:
+            if p.requires_grad and id(p) not in self._seen and p.numel() > 0:
+                self._seen.add(id(p))
+                by_kind.setdefault((p.device, p.dtype), []).append(p)
+        out = []
+        for (device, dtype), params in by_kind.items():
+            if dtype not in DTYPES:
+                raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {dtype}")
+            out += self._flatten(gi, params[::-1], dtype, device, state)  # backward's order, as DDP
+        return out
 
     def __iter__(self):
         return iter(self.buckets)
@@ -136,6 +170,7 @@ class BucketSet:
                 P[lo : lo + n].copy_(p.data.reshape(-1))
                 if p.grad is not None:
                     Gr[lo : lo + n].copy_(p.grad.reshape(-1))
+                    self._had_grad.add(id(p))
                 p.data = P[lo : lo + n].view_as(p)
                 p.grad = Gr[lo : lo + n].view_as(p)
                 if G == 1:  # (node layout: each rank holds a shard of the bucket's momenta, not whole ones)
@@ -162,8 +197,11 @@ class BucketSet:
             for p in b.params:
                 p.grad = None
 
-    def zero(self) -> None:
-        """Zero the gradient buffers, keeping each .grad a view into them (unless private)."""
+    def zero(self, set_to_none: bool = False) -> None:
+        """Zero the gradient buffers, keeping each .grad a view into them (unless private); with set_to_none,
+        a gradient that backward then does not write counts as None (`unused`)."""
+        self._touched = [[False] * len(b.params) for b in self.buckets] if set_to_none else None
+        self.unused = set()
         for b in self.buckets:
             b.g.zero_()
             if not self.private:
@@ -172,11 +210,14 @@ class BucketSet:
                         p.grad = b.g[s:e].view_as(p)
 
     @torch.no_grad()
-    def collect(self, b: Bucket | None = None) -> None:
-        """Bring every gradient of bucket b (default: all) into its view: None counts as zero, a replaced
-        tensor is copied (under DDP: every .grad is copied)."""
-        for bucket in self.buckets if b is None else (b,):
+    def collect(self, k: int | None = None) -> None:
+        """Bring every gradient of bucket k (default: all) into its view: None counts as zero, a replaced
+        tensor is copied (under DDP: every .grad is copied); note those that are `unused`."""
+        for kk in range(len(self.buckets)) if k is None else (k,):
+            bucket = self.buckets[kk]
             for i, p, s, e in bucket.segments():
+                if self._touched is not None and not self._touched[kk][i] and self._no_gradient(bucket, i, p, s, e):
+                    self.unused.add((kk, i))
                 if self.private:
                     _copy_grad(p, bucket.g[s:e])
                 elif not bucket.grad_in_place(i, p):
@@ -184,6 +225,25 @@ class BucketSet:
                         raise ValueError("LionCub does not support sparse gradients")
                     _copy_grad(p, bucket.g[s:e])
                     p.grad = bucket.g[s:e].view_as(p)
+
+    def _no_gradient(self, b: Bucket, i: int, p, s: int, e: int) -> bool:
+        """A gradient backward did not write: None, or (in the view) still all zero."""
+        if p.grad is None:
+            return True
+        in_view = self.private or b.grad_in_place(i, p)
+        return in_view and not bool((p.grad if self.private else b.g[s:e]).any())
+
+    def used_flags(self) -> list[bool]:
+        """Per parameter, in bucket order: whether this rank used it this step."""
+        return [(k, i) not in self.unused for k, b in enumerate(self.buckets) for i in range(len(b.params))]
+
+    def end_step(self) -> None:
+        """A step took the gradients: nothing is tracked until the next zero(set_to_none=True)."""
+        self._touched, self.unused = None, set()
+
+    def touch(self, k: int, i: int) -> None:
+        if self._touched is not None:
+            self._touched[k][i] = True
 
     @torch.no_grad()
     def capture(self, p, k: int, i: int) -> None:
@@ -246,3 +306,13 @@ def _copy_grad(p, view) -> None:
         view.zero_()
     else:
         view.copy_(p.grad.reshape(-1))
+
+
+def _touch_hook(buckets: BucketSet):
+    ref = weakref.ref(buckets)
+
+    def hook(param):
+        owner = ref()
+        if owner is not None:
+            owner.touch(*owner.where[id(param)])
+    return hook

@@ -32,7 +32,7 @@ def clip_grad_norm_(engine, max_norm: float, eps: float = 1e-6) -> float:
     else:
         total = None if done is None else done.sumsq_total
         if total is None:
-            _, total = agree_control(0, total_sum_squares(buckets), engine.group, buckets.device)
+            _, total, _ = agree_control(0, total_sum_squares(buckets), engine.group, buckets.device)
         norm = math.sqrt(total / engine.world_size)
     coef = max_norm / (norm + eps)
     if math.isfinite(norm) and coef < 1.0:

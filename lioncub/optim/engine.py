@@ -19,7 +19,7 @@ import torch
 
 from lioncub import methods
 from lioncub.comm import wire
-from lioncub.comm.transport import any_rank
+from lioncub.comm.transport import any_rank, used_anywhere
 from lioncub.optim import passes, schedules
 from lioncub.optim.buckets import BucketSet
 from lioncub.optim.layout import make_layout
@@ -123,6 +123,20 @@ class Engine:
     def end_pass(self, p: ExchangePass) -> None:
         passes.agree(self, p)
 
+    def untouched(self, unused_total: int, collectives: list) -> frozenset:
+        """The parameters no rank gave a gradient this step, as (bucket, index), given the control message's
+        total of the ranks' counts: one more all-reduce (appended to `collectives`), of a flag per parameter,
+        only on a step where some rank had some."""
+        if not unused_total:
+            return frozenset()
+        if self.world_size == 1:
+            return frozenset(self.buckets.unused)
+        flags = self.buckets.used_flags()
+        used = used_anywhere(flags, self.group, self.buckets.device)
+        collectives.append(wire.usage_collective(len(flags)))
+        pairs = [(k, i) for k, b in enumerate(self.buckets) for i in range(len(b.params))]
+        return frozenset(pair for pair, u in zip(pairs, used) if not u)
+
     def offer(self, p: ExchangePass | None) -> None:
         """The pass step() should apply (the overlap's, at the end of backward; None drops it)."""
         self.pending = p
@@ -160,8 +174,8 @@ class Engine:
         p = ExchangePass(step=self.steps + 1, method=self.phase.dense_method, overlapped=False)
         for k in range(len(self.buckets)):
             self.exchange_bucket(k, p, captured=True)
+        self.end_pass(p)
         p.comm_s = p.exposed_s = time.perf_counter() - t0
-        p.versions = self.buckets.versions()
         self.pending = p
 
     def rescaled(self, p: ExchangePass | None) -> None:
@@ -249,6 +263,20 @@ class Engine:
         self.attached_to = owner
         if self.overlap is not None:
             self.overlap.sync_wanted = sync_wanted
+
+    def add_group(self, gi: int, state) -> None:
+        """Param group `gi` was added after construction (every rank must add the same groups at the same
+        step, as it built the optimizer): its parameters get buckets after the others and hooks; a pass taken
+        before is dropped (step() exchanges again)."""
+        added = self.buckets.add_group(gi, state)
+        self.pending = None
+        if added and self.overlap is not None:
+            enabled, sync_wanted = self.overlap.enabled, self.overlap.sync_wanted
+            self.overlap.close()
+            self.overlap = Overlap(self)
+            self.overlap.enabled, self.overlap.sync_wanted = enabled, sync_wanted
+        elif added and self._overlap_wanted and self.world_size > 1:
+            self.overlap = Overlap(self)
 
     # --- momenta ----------------------------------------------------------------------------------------
 

@@ -54,6 +54,10 @@ class FlatLayout:
         """p <- p(1 - lr wd) - lr U from the agreed code; with `deferred`, the momentum update `pack` left out."""
         x.apply(b.p, code, lr=h.lr, wd=h.wd, momentum=(b.g, b.m, h.beta2) if deferred else None)
 
+    def momentum_piece(self, b, s: int, e: int):
+        """The momentum of bucket elements [s, e) that this rank holds."""
+        return b.m[s:e]
+
     def dense_step(self, buckets) -> list:
         """Lion on gradients averaged over every rank (identical everywhere); returns its collectives."""
         for b in buckets:
@@ -104,7 +108,7 @@ class NodeLayout(FlatLayout):
         super().__init__(group)
         self.node_size = node_size
         self.nodes = nodes.Nodes(group, node_size)
-        self._sign_gathers = None  # built on the first dense step
+        self._sign_gathers: list = []  # one per bucket, built on the first dense step
 
     @property
     def voters(self) -> int:
@@ -136,11 +140,17 @@ class NodeLayout(FlatLayout):
     def apply(self, b, x, code, h, deferred: bool = False) -> None:
         x.apply_shards(b, code, h, deferred)
 
+    def momentum_piece(self, b, s: int, e: int):
+        """The part of bucket elements [s, e) in this rank's shard [lo, lo + S), or None."""
+        lo = self.nodes.local * b.shard
+        a, z = max(s, lo), min(e, lo + b.shard)
+        return b.m[a - lo : z - lo] if a < z else None
+
     def dense_step(self, buckets) -> list:
         """Each rank forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
         (nodes.SignGather): bit-identical to Lion on the mean gradient."""
-        if self._sign_gathers is None:
-            self._sign_gathers = [nodes.SignGather(b, self.nodes) for b in buckets]
+        for b in buckets.buckets[len(self._sign_gathers):]:  # (buckets are only ever appended)
+            self._sign_gathers.append(nodes.SignGather(b, self.nodes))
         for b, sg in zip(buckets, self._sign_gathers):
             sg.lion_step(b, buckets.hyper(b))
         return [sg.collective for sg in self._sign_gathers]

@@ -21,6 +21,7 @@ import torch
 from lioncub import kernels, methods
 from lioncub.comm.transport import record_call_times
 from lioncub.optim import clip, resume, steps
+from lioncub.optim.buckets import DTYPES
 from lioncub.optim.engine import Engine
 from lioncub.optim.stats import CommStats
 
@@ -33,13 +34,17 @@ def _wire_dtype(value) -> torch.dtype:
     return WIRE_DTYPES.get(value.removeprefix("torch."), value) if isinstance(value, str) else value
 
 
-def _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup):
+def _validate_hyper(lr, betas, weight_decay):
     if not lr >= 0:
         raise ValueError(f"lr must be >= 0, got {lr}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"betas must be two numbers in [0, 1), got {betas}; Lion's defaults are (0.9, 0.99)")
     if not weight_decay >= 0:
         raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+
+
+def _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup):
+    _validate_hyper(lr, betas, weight_decay)
     if bucket_mb is not None and not bucket_mb > 0:
         raise ValueError(f"bucket_mb must be > 0 (or None for lioncub.comm.wire.auto_bucket_mb), got {bucket_mb}")
     if grad_wire_dtype not in (torch.float32, torch.bfloat16):
@@ -92,6 +97,7 @@ class LionCub(torch.optim.Optimizer):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup)
+        self.engine = None  # (built once torch.optim has the param groups)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)
@@ -125,15 +131,33 @@ class LionCub(torch.optim.Optimizer):
     def stats(self, value: CommStats) -> None:
         self.engine.stats = value
 
+    def add_param_group(self, param_group: dict) -> None:
+        """torch.optim's add_param_group. After construction it is a collective in effect: every rank must add
+        the same group at the same step (as it built the optimizer), with parameters that are identical on
+        every rank (broadcast_parameters); they get buckets of their own and train from the next step."""
+        if isinstance(param_group, dict):
+            group = {**self.defaults, **param_group}
+            _validate_hyper(group["lr"], group["betas"], group["weight_decay"])
+            params = group.get("params")
+            param_group["params"] = params = [params] if isinstance(params, torch.Tensor) else list(params or ())
+            for p in params:
+                if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype not in DTYPES:
+                    raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {p.dtype}")
+        super().add_param_group(param_group)
+        if self.engine is not None:
+            self.engine.add_group(len(self.param_groups) - 1, self.state)
+
     # --- the loop ---------------------------------------------------------------------------------------
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the flat gradient buffers, keeping each .grad a view into them (set_to_none is ignored:
-        a None gradient would cost a copy on the next step and counts as zero anyway). Under DDP
-        (lioncub.attach_ddp) .grad belongs to DDP and is zeroed or set to None as torch does."""
+        """Zero the flat gradient buffers, keeping each .grad a view into them (no copy on the next step).
+        With set_to_none (torch's default) a parameter whose gradient backward then leaves unwritten counts as
+        one whose .grad is None: if no rank gave it a gradient, step() leaves it and its momentum untouched, as
+        torch optimizers do (a parameter used on some ranks gets a zero gradient on the others, as under DDP).
+        Under DDP (lioncub.attach_ddp) .grad belongs to DDP and is zeroed or set to None as torch does."""
         if self.engine.buckets.private:
             super().zero_grad(set_to_none)
-        self.engine.buckets.zero()
+        self.engine.buckets.zero(set_to_none)
 
     @contextlib.contextmanager
     def no_sync(self):

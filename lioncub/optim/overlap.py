@@ -68,10 +68,6 @@ class Overlap:
         self.enabled = True
         self.sync_wanted = lambda: True  # under DDP: DDP's require_backward_grad_sync (its no_sync())
         buckets = engine.buckets
-        self._where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
-        for k, b in enumerate(buckets):
-            for i, p in enumerate(b.params):
-                self._where[id(p)] = (k, i)
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in buckets for p in b.params]
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -96,7 +92,7 @@ class Overlap:
             return
         if self._pass is None:
             self._begin_pass(engine)
-        k, i = self._where[id(param)]
+        k, i = engine.buckets.where[id(param)]
         engine.buckets.capture(param, k, i)
         state = self._pass
         state.pending[k] -= 1

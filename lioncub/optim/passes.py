@@ -46,6 +46,7 @@ class ExchangePass:
     sumsq_total: float | None = None  # the sum over ranks, from the control message
     versions: list | None = None  # the gradient buffers' versions when the pass ended
     stale: bool = False  # the gradients were rescaled after the pass (clipping, the scaler)
+    untouched: frozenset = frozenset()  # (bucket, index) of the parameters no rank gave a gradient
 
     def current(self, step: int, buckets, allow_unconfirmed_scale: bool = False) -> bool:
         """Whether step `step` may apply this pass as it stands: its step, not rescaled since, a loss scale
@@ -89,7 +90,7 @@ def exchange(engine, k: int, p: ExchangePass, captured: bool = False) -> None:
     b = buckets[k]
     t0 = time.perf_counter()
     if not captured:
-        buckets.collect(b)
+        buckets.collect(k)
     x = engine.exchange_of(k, p.method)
     if not p.method.dense:
         inv = None if p.scale is None else p.scale.inv_scale.to(b.g.device)
@@ -111,14 +112,18 @@ def exchange(engine, k: int, p: ExchangePass, captured: bool = False) -> None:
 
 
 def agree(engine, p: ExchangePass) -> None:
-    """The end of a pass: agree on the non-finite count and the sum of squared gradients (compressed methods;
-    one message) and note the gradients' versions, so step() can tell whether they changed since."""
+    """The end of a pass: agree on the non-finite count (compressed methods: a dense one checks the mean),
+    the sum of squared gradients and which parameters no rank gave a gradient, in one message, and note the
+    gradients' versions, so step() can tell whether they changed since."""
+    t0 = time.perf_counter()
+    flag = 0 if p.method.dense else nonfinite_flag(p.finite)
+    count, total, unused = agree_control(flag, p.sumsq, engine.layout.group, engine.buckets.device,
+                                         len(engine.buckets.unused))
+    p.collectives.append(wire.CONTROL)
+    p.untouched = engine.untouched(unused, p.collectives)
     if not p.method.dense:
-        t0 = time.perf_counter()
-        count, total = agree_control(nonfinite_flag(p.finite), p.sumsq, engine.layout.group, engine.buckets.device)
         p.nonfinite_ranks = count
         p.bad = count if engine.skip_nonfinite else 0
         p.sumsq_total = None if p.sumsq is None else total
-        p.comm_s += time.perf_counter() - t0
-        p.collectives.append(wire.CONTROL)
+    p.comm_s += time.perf_counter() - t0
     p.versions = engine.buckets.versions()

@@ -11,6 +11,7 @@ A non-finite gradient on any rank makes every rank skip the step (`skip`), momen
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -45,33 +46,57 @@ def take(engine, timing: bool) -> None:
         apply_pass(engine, clock, done)
     else:
         compressed(engine, clock)
+    engine.buckets.end_step()
+
+
+@contextlib.contextmanager
+def keep(engine, untouched: frozenset):
+    """Leave the parameters no rank gave a gradient (and their momenta) as they are, as torch optimizers skip
+    a .grad of None: their values are put back after the update, which ran on whole buckets."""
+    if not untouched:
+        yield
+        return
+    views = []
+    for k, i in sorted(untouched):
+        b = engine.buckets[k]
+        s, e = b.offsets[i], b.offsets[i + 1]
+        views += [v for v in (b.p[s:e], engine.layout.momentum_piece(b, s, e)) if v is not None]
+    saved = [v.clone() for v in views]
+    yield
+    for v, copy in zip(views, saved):
+        v.copy_(copy)
 
 
 def local(engine, clock) -> None:
     t0 = clock()
     if engine.skip_nonfinite and not engine.buckets.all_finite():
         return skip(engine, "non-finite gradient")
-    engine.layout.dense_step(engine.buckets)
+    with keep(engine, engine.untouched(len(engine.buckets.unused), [])):
+        engine.layout.dense_step(engine.buckets)
     record(engine, (), apply_s=clock() - t0)
 
 
 def dense(engine, clock, done=None) -> None:
     t0 = clock()
     if done is not None:  # a pass averaged the gradients
-        collectives, comm, exposed = done.collectives, done.comm_s, done.exposed_s
+        collectives, comm, exposed, untouched = done.collectives, done.comm_s, done.exposed_s, done.untouched
     else:
-        collectives = []
+        collectives, unused = [], len(engine.buckets.unused)
         if engine.world_size > 1:
             for k in range(len(engine.buckets)):
                 x = engine.exchange_of(k, engine.phase.dense_method)
                 x()
                 collectives += x.collectives
+            _, _, unused = agree_control(0, None, engine.group, engine.buckets.device, unused)
+            collectives.append(wire.CONTROL)
+        untouched = engine.untouched(unused, collectives)
         comm = exposed = clock() - t0
     t1 = clock()
     # the reduced gradients are identical on all ranks, so this check agrees without a message
     if engine.skip_nonfinite and not engine.buckets.all_finite():
         return skip(engine, "non-finite gradient", collectives, comm, exposed)
-    collectives = list(collectives) + engine.layout.dense_step(engine.buckets)
+    with keep(engine, untouched):
+        collectives = list(collectives) + engine.layout.dense_step(engine.buckets)
     engine.momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
     t2 = clock()
     if engine.phase.charges_guard(engine.steps):
@@ -80,43 +105,47 @@ def dense(engine, clock, done=None) -> None:
 
 
 def compressed(engine, clock) -> None:
+    """1. per bucket the pre-pass (the node layout first reduces inside the node); 2. the control message
+    (non-finite count, parameters without a gradient); 3. per bucket encode with the momentum update fused in,
+    exchange, apply."""
     buckets, layout = engine.buckets, engine.layout
-    t_quant = t_comm = t_apply = 0.0
-    mults, inputs, finite = [], [], []
-    for k, b in enumerate(buckets):
-        h, x = buckets.hyper(b), engine.exchange_of(k, engine.spec)
+    xs = [engine.exchange_of(k, engine.spec) for k in range(len(buckets))]
+    seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
+    prepared, finite = [], []
+    for b, x in zip(buckets, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
-        ok, mult = x.prepare(g, b.m, beta1=h.beta1, offsets=offsets)
+        ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
         finite.append(ok)
-        mults.append(mult)
-        inputs.append((g, offsets))
-        t_comm, t_quant = t_comm + t1 - t0, t_quant + clock() - t1
-    xs = [engine.exchange_of(k, engine.spec) for k in range(len(buckets))]
-    collectives = [c for x in xs for c in x.collectives if c.op == "reducescatter"]
-    collectives.append(wire.CONTROL)
+        prepared.append((g, offsets, mult))
+        seconds["comm"] += t1 - t0
+        seconds["quantize"] += clock() - t1
+    collectives = [c for x in xs for c in x.collectives if c.op == "reducescatter"] + [wire.CONTROL]
     t1 = clock()
-    bad, _ = agree_control(nonfinite_flag(finite), None, layout.group, buckets.device)
+    bad, _, unused = agree_control(nonfinite_flag(finite), None, layout.group, buckets.device, len(buckets.unused))
     bad = bad if engine.skip_nonfinite else 0
-    t_comm += clock() - t1
+    untouched = engine.untouched(unused, collectives)
+    seconds["comm"] += clock() - t1
     if bad:
-        return skip(engine, f"{bad} rank(s) saw a non-finite gradient", collectives, t_comm)
+        return skip(engine, f"{bad} rank(s) saw a non-finite gradient", collectives, seconds["comm"])
     codes = []
-    for b, x, mult, (g, offsets) in zip(buckets, xs, mults, inputs):
-        h = buckets.hyper(b)
-        ta = clock()
-        x.pack(g, b.m, mult, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
-               zero_parity=engine.zero_parity(engine.steps))
-        tb = clock()
-        code = x()
-        codes.append(code)
-        tc = clock()
-        layout.apply(b, x, code, h)
-        td = clock()
-        t_quant, t_comm, t_apply = t_quant + tb - ta, t_comm + tc - tb, t_apply + td - tc
-        collectives += [c for c in x.collectives if c.op != "reducescatter"]
-    finish(engine, clock, xs, codes, collectives, quantize_s=t_quant, comm_s=t_comm, apply_s=t_apply)
+    with keep(engine, untouched):
+        for b, x, (g, offsets, mult) in zip(buckets, xs, prepared):
+            h = buckets.hyper(b)
+            ta = clock()
+            x.pack(g, b.m, mult, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
+                   zero_parity=engine.zero_parity(engine.steps))
+            tb = clock()
+            codes.append(x())
+            tc = clock()
+            layout.apply(b, x, codes[-1], h)
+            seconds["quantize"] += tb - ta
+            seconds["comm"] += tc - tb
+            seconds["apply"] += clock() - tc
+            collectives += [c for c in x.collectives if c.op != "reducescatter"]
+    finish(engine, clock, xs, codes, collectives, quantize_s=seconds["quantize"], comm_s=seconds["comm"],
+           apply_s=seconds["apply"])
 
 
 def apply_pass(engine, clock, done) -> None:
@@ -126,8 +155,9 @@ def apply_pass(engine, clock, done) -> None:
                     done.exposed_s)
     t0 = clock()
     xs = [engine.exchange_of(k, engine.spec) for k in range(len(engine.buckets))]
-    for b, x, code in zip(engine.buckets, xs, done.codes):
-        engine.layout.apply(b, x, code, engine.buckets.hyper(b), deferred=True)
+    with keep(engine, done.untouched):
+        for b, x, code in zip(engine.buckets, xs, done.codes):
+            engine.layout.apply(b, x, code, engine.buckets.hyper(b), deferred=True)
     finish(engine, clock, xs, done.codes, list(done.collectives), quantize_s=done.quantize_s, comm_s=done.comm_s,
            apply_s=clock() - t0, exposed_s=done.exposed_s)
 

@@ -1,0 +1,130 @@
+"""The shape of the code, as issue 26 set it: no object's private state used from outside its module, no
+function over 60 lines, small core modules, method names only in the registry. Read statically (ast) from the
+installed packages' sources (tests/test_imports.py walks them; import cycles are checked there)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from test_imports import lioncub_modules
+
+from lioncub import methods
+
+MODULES = lioncub_modules()
+ROOT = Path(MODULES["lioncub"]).parent.parent
+CORE = ("lioncub.optim", "lioncub.methods", "lioncub.comm")
+MAX_FUNCTION_LINES = 60
+MAX_CORE_MODULE_LINES = 350
+MAX_NAME_BRANCHES = 5
+
+# other libraries' private members that have no public equivalent, each at the one place that needs it
+FOREIGN_PRIVATE = {
+    ("lioncub.optim.buckets", "b.g._version"): "torch's version counter of a tensor (autograd's own check)",
+    ("lioncub.optim.overlap", "torch.autograd.Variable._execution_engine"):
+        "queue a callback at the end of backward, as torch DDP does",
+    ("lioncub.apps.train.lab", "os._exit"): "leave a forked child without running the parent's atexit",
+}
+
+
+def _trees():
+    for name, path in sorted(MODULES.items()):
+        yield name, path, ast.parse(path.read_text(), str(path))
+
+
+def _where(name, node) -> str:
+    return f"{name}:{node.lineno}"
+
+
+def private_uses() -> list[str]:
+    """`x._name` for any x but self/cls, and `from module import _name` of another lioncub module."""
+    found = []
+    for name, _, tree in _trees():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
+                    continue
+                if (name, ast.unparse(node)) not in FOREIGN_PRIVATE:
+                    found.append(f"{_where(name, node)} {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lioncub"):
+                found += [f"{_where(name, node)} from {node.module} import {a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")]
+    return found
+
+
+def _is_kernel(fn) -> bool:
+    """A Triton kernel or device function (its length is the algorithm's, not a design choice)."""
+    return any("jit" in ast.unparse(d) or "device_fn" in ast.unparse(d) for d in fn.decorator_list)
+
+
+def long_functions() -> list[str]:
+    return [f"{_where(name, fn)} {fn.name} ({fn.end_lineno - fn.lineno + 1} lines)" for name, _, tree in _trees()
+            for fn in ast.walk(tree) if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES and not _is_kernel(fn)]
+
+
+METHOD_NAMES = set(methods.NAMES) | {"ddp+lion"}
+
+
+def _names_a_method(node) -> bool:
+    if isinstance(node, ast.Constant) and node.value in METHOD_NAMES:
+        return True
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return any(_names_a_method(e) for e in node.elts)
+    leaf = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        leaf = node.slice.value
+    return isinstance(leaf, str) and leaf.lower() in ("method", "config", "ddp_lion", "baseline")
+
+
+def _is_collective_op(node) -> bool:
+    """A collective's op ("allreduce", "allgather", ...: the baseline method shares the all-reduce's name)."""
+    if isinstance(node, ast.Tuple):
+        return any(_is_collective_op(e) for e in node.elts)
+    leaf = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
+    return leaf == "op"
+
+
+def name_branches() -> list[str]:
+    """Comparisons (==, !=, in, not in) of a method's name, outside lioncub.methods (not of a collective's op)."""
+    found = []
+    for name, _, tree in _trees():
+        if name.startswith("lioncub.methods"):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Compare) and any(isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn))
+                                                     for op in node.ops):
+                operands = [node.left, *node.comparators]
+                if any(_names_a_method(x) for x in operands) and not any(_is_collective_op(x) for x in operands):
+                    found.append(f"{_where(name, node)} {ast.unparse(node)}")
+    return found
+
+
+def test_no_private_state_of_another_object_is_used():
+    found = private_uses()
+    assert not found, "private members used from outside their owner:\n  " + "\n  ".join(found)
+
+
+def test_no_function_is_longer_than_60_lines():
+    found = long_functions()
+    assert not found, "functions over 60 lines:\n  " + "\n  ".join(found)
+
+
+def test_core_modules_are_small():
+    sizes = {name: len(path.read_text().splitlines()) for name, path in MODULES.items()
+             if name.startswith(CORE)}
+    assert sizes and max(sizes.values()) <= MAX_CORE_MODULE_LINES, sorted(sizes.items(), key=lambda kv: -kv[1])[:3]
+
+
+def test_method_names_stay_in_the_registry():
+    found = name_branches()
+    assert len(found) <= MAX_NAME_BRANCHES, f"{len(found)} sites branch on a method's name:\n  " + "\n  ".join(found)
+
+
+def test_the_scanners_find_what_they_look_for():
+    tree = ast.parse("a = opt._buckets\nb = self._x\nif cfg.method == 'allreduce': pass\nif x in ('vote-1bit',): pass")
+    attrs = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")]
+    assert [ast.unparse(a) for a in attrs if not (isinstance(a.value, ast.Name) and a.value.id == "self")] == [
+        "opt._buckets"]
+    compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
+    assert all(any(_names_a_method(x) for x in [c.left, *c.comparators]) for c in compares)
