@@ -61,7 +61,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        run = configs.parse(self.method)
+        run = self.configuration  # raises for a name that is not a configuration
         if self.lr is None:
             self.lr = DEFAULT_LR[self.model]
         if not self.lr > 0:
