@@ -62,7 +62,7 @@ def _onebit_tile(p_ptr, s_ptr, z_ptr, g_ptr, m_ptr, rows, n, nb, decay, neg_lr, 
 
 
 @triton.jit
-def _onebit_kernel(p_ptr, s_ptr, z_ptr, g_ptr, m_ptr, n, nb, decay, neg_lr, beta2, omb2, HAS_Z: tl.constexpr,
+def onebit_kernel(p_ptr, s_ptr, z_ptr, g_ptr, m_ptr, n, nb, decay, neg_lr, beta2, omb2, HAS_Z: tl.constexpr,
                    HAS_M: tl.constexpr, BYTES: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BYTES + tl.arange(0, BYTES)
@@ -95,7 +95,7 @@ def _fields_tile(p_ptr, code_ptr, g_ptr, m_ptr, w, n, W, decay, neg_lr, world, w
 
 
 @triton.jit
-def _fields_kernel(p_ptr, code_ptr, g_ptr, m_ptr, n, W, decay, neg_lr, world, world_f, offset, beta2, omb2,
+def fields_kernel(p_ptr, code_ptr, g_ptr, m_ptr, n, W, decay, neg_lr, world, world_f, offset, beta2, omb2,
                    CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
                    HAS_M: tl.constexpr, BW: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
@@ -133,7 +133,7 @@ def unpack_apply(codec, p, code, *, lr: float, wd: float, world_size: int, level
             raise ValueError(f"unpack_apply: 1-bit planes must be uint8 of at least {nb} bytes")
         rows, warps = CFG["onebit"]
         has_z = nonzero_plane is not None
-        _onebit_kernel[(triton.cdiv(nb, rows),)](
+        onebit_kernel[(triton.cdiv(nb, rows),)](
             p, sign_plane, nonzero_plane if has_z else dummy(p.device), *mom, n, nb, decay, neg_lr, float(beta2),
             float(1 - beta2), HAS_Z=has_z, HAS_M=has_m, BYTES=rows, EMU=emulate_bf16(), **LAUNCH, num_warps=warps)
         return
@@ -144,7 +144,7 @@ def unpack_apply(codec, p, code, *, lr: float, wd: float, world_size: int, level
         raise ValueError(f"unpack_apply: {W} words of {F} fields cannot hold {n} values")
     offset = codec.offset(world_size, levels)
     bw = field_words_per_program(F)
-    _fields_kernel[(triton.cdiv(W, bw),)](
+    fields_kernel[(triton.cdiv(W, bw),)](
         p, code, *mom, n, W, decay, neg_lr, int(world_size), float(world_size), int(offset), float(beta2),
         float(1 - beta2), CODEC=codec_id, WIDTH=layout.width, FIELDS=F, WIDE=layout.word_bits == 64, HAS_M=has_m,
         BW=bw, EMU=emulate_bf16(),

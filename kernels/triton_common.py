@@ -101,13 +101,20 @@ def to_dtype(x, dtype: tl.constexpr, EMULATE_BF16: tl.constexpr):
         return x.to(dtype)
 
 
+@triton_interpreter.runs_as_sum
+@triton.jit
+def add(a, b):
+    """The combine function of `total`: tl.sum's (which Triton keeps private), the same a + b."""
+    return a + b
+
+
 @device_fn
 def total(x, axis: tl.constexpr):
     """tl.sum, spelled as the tl.reduce it expands to. tl.sum and tl.zeros are @triton.jit functions of
     triton.language; if triton was imported before TRITON_INTERPRET=1 was set (torch._dynamo imports it,
     e.g. in a forkserver), the interpreter cannot call them. So the kernels use only builtins (tl.full,
     tl.reduce, ...) and jit functions of their own; the interpreter runs this reduce as np.sum."""
-    return tl.reduce(x, axis, tl.standard._sum_combine)
+    return tl.reduce(x, axis, add)
 
 
 @device_fn

@@ -38,7 +38,7 @@ def _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, 
 
 
 @triton.jit
-def _lion_kernel(p_ptr, g_ptr, m_ptr, n, decay, neg_lr, beta1, omb1, beta2, omb2, BLOCK: tl.constexpr,
+def lion_kernel(p_ptr, g_ptr, m_ptr, n, decay, neg_lr, beta1, omb1, beta2, omb2, BLOCK: tl.constexpr,
                  EMU: tl.constexpr):
     start = tl.program_id(0) * BLOCK
     offs = start + tl.arange(0, BLOCK)
@@ -54,6 +54,6 @@ def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> N
     if n == 0:
         return
     block, warps = CFG["lion"]
-    _lion_kernel[(triton.cdiv(n, block),)](
+    lion_kernel[(triton.cdiv(n, block),)](
         p, g, m, n, float(1 - lr * wd), float(-lr), float(beta1), float(1 - beta1), float(beta2),
         float(1 - beta2), BLOCK=block, EMU=emulate_bf16(), **LAUNCH, num_warps=warps)

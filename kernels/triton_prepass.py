@@ -26,7 +26,7 @@ from .triton_common import CFG, FP32_MAX, LAUNCH, cached, check_flat, check_offs
 
 
 @triton.jit
-def _finite_kernel(g_ptr, bad_ptr, n, BLOCK: tl.constexpr):
+def finite_kernel(g_ptr, bad_ptr, n, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     mask = offs < n
@@ -39,7 +39,7 @@ def _finite_kernel(g_ptr, bad_ptr, n, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _l1_sum_kernel(g_ptr, m_ptr, tile_ptr, lo_ptr, hi_ptr, part_ptr, beta1, omb1, BLOCK: tl.constexpr):
+def l1_sum_kernel(g_ptr, m_ptr, tile_ptr, lo_ptr, hi_ptr, part_ptr, beta1, omb1, BLOCK: tl.constexpr):
     pid = tl.program_id(0)
     start = tl.multiple_of(tl.load(tile_ptr + pid) * BLOCK, BLOCK)
     lo = tl.load(lo_ptr + pid)
@@ -57,7 +57,7 @@ def _l1_sum_kernel(g_ptr, m_ptr, tile_ptr, lo_ptr, hi_ptr, part_ptr, beta1, omb1
 
 
 @triton.jit
-def _combine_kernel(part_ptr, first_ptr, sums_ptr, CHUNK: tl.constexpr):
+def combine_kernel(part_ptr, first_ptr, sums_ptr, CHUNK: tl.constexpr):
     s = tl.program_id(0)
     a = tl.load(first_ptr + s)
     b = tl.load(first_ptr + s + 1)
@@ -94,9 +94,9 @@ def segment_abs_sums(g, m, *, beta1: float, offsets) -> torch.Tensor:
     if tile.numel() == 0:
         return sums
     parts = torch.empty(tile.numel(), dtype=torch.float64, device=g.device)
-    _l1_sum_kernel[(tile.numel(),)](g, m, tile, lo, hi, parts, float(beta1), float(1 - beta1),
+    l1_sum_kernel[(tile.numel(),)](g, m, tile, lo, hi, parts, float(beta1), float(1 - beta1),
                                     BLOCK=block, **LAUNCH, num_warps=warps)
-    _combine_kernel[(sums.numel(),)](parts, first, sums, CHUNK=CFG["combine"], **LAUNCH, num_warps=4)
+    combine_kernel[(sums.numel(),)](parts, first, sums, CHUNK=CFG["combine"], **LAUNCH, num_warps=4)
     return sums
 
 
@@ -108,7 +108,7 @@ def finite_flag(g) -> torch.Tensor:
     block, warps = CFG["finite"]
     grid = triton.cdiv(n, block)
     bad = torch.empty(grid, dtype=torch.int32, device=g.device)
-    _finite_kernel[(grid,)](g, bad, n, BLOCK=block, **LAUNCH, num_warps=warps)
+    finite_kernel[(grid,)](g, bad, n, BLOCK=block, **LAUNCH, num_warps=warps)
     return ~bad.any()
 
 

@@ -71,7 +71,7 @@ def _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb
 
 
 @triton.jit
-def _onebit_kernel(g_ptr, m_ptr, out_ptr, n, nbytes, beta1, omb1, beta2, omb2, parity,
+def onebit_kernel(g_ptr, m_ptr, out_ptr, n, nbytes, beta1, omb1, beta2, omb2, parity,
                    BYTES: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BYTES + tl.arange(0, BYTES)
@@ -129,7 +129,7 @@ def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W
 
 
 @triton.jit
-def _fields_kernel(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, n, W, beta1, omb1, beta2, omb2, levels,
+def fields_kernel(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, n, W, beta1, omb1, beta2, omb2, levels,
                    CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
                    BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
     pid = tl.program_id(0)
@@ -176,7 +176,7 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
         if covered == 0:
             return out
         rows, warps = CFG["onebit"]
-        _onebit_kernel[(triton.cdiv(covered, rows),)](g, m, out, n, nbytes, *scalars, int(zero_parity) % 2,
+        onebit_kernel[(triton.cdiv(covered, rows),)](g, m, out, n, nbytes, *scalars, int(zero_parity) % 2,
                                                       BYTES=rows, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
                                                       **LAUNCH, num_warps=warps)
         return out
@@ -198,7 +198,7 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
     else:
         off = seg = mult = dummy(g.device)  # not read by this specialisation
         nsteps = 1
-    _fields_kernel[(triton.cdiv(W, bw),)](
+    fields_kernel[(triton.cdiv(W, bw),)](
         g, m, out, mult, off, seg, n, W, *scalars, float(levels), CODEC=codec_id, WIDTH=layout.width,
         FIELDS=F, WIDE=layout.word_bits == 64, BW=bw, NSTEPS=nsteps, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
         **LAUNCH, num_warps=CFG["fields"][1])

@@ -134,7 +134,7 @@ def _vote_tile(rows_ptr, sign_ptr, nz_ptr, w, N, half, B, HAS_NZ: tl.constexpr, 
 
 
 @triton.jit
-def _vote_kernel(rows_ptr, sign_ptr, nz_ptr, N, half, B, HAS_NZ: tl.constexpr, NPL: tl.constexpr,
+def vote_kernel(rows_ptr, sign_ptr, nz_ptr, N, half, B, HAS_NZ: tl.constexpr, NPL: tl.constexpr,
                  BW: tl.constexpr):
     pid = tl.program_id(0)
     w = pid * BW + tl.arange(0, BW)
@@ -171,5 +171,5 @@ def vote(rows: torch.Tensor, out_sign: torch.Tensor, out_nonzero: torch.Tensor |
     bw, warps = CFG["vote"]
     has_nz = out_nonzero is not None
     nz = outs[1] if has_nz else dummy(rows.device)
-    _vote_kernel[(triton.cdiv(B, bw),)](rows, outs[0], nz, N, N // 2, B, HAS_NZ=has_nz, NPL=N.bit_length(), BW=bw,
+    vote_kernel[(triton.cdiv(B, bw),)](rows, outs[0], nz, N, N // 2, B, HAS_NZ=has_nz, NPL=N.bit_length(), BW=bw,
                                         **LAUNCH, num_warps=warps)

@@ -58,7 +58,6 @@ TINY_TESTS = ("(lion_step_matches_twin and default-tiles-2051) or (quantize_oneb
               "(unpack_apply_onebit and default-tiles-True-2051) or (unpack_apply_fields and default-tiles-1001-vote) "
               "or local_optimizer_triton_equals_torch")
 LIONCUB_CLI = "import sys; from lioncub.cli import main; sys.exit(main(sys.argv[1:]))"  # the `lioncub` command
-METHODS = ("allreduce", "vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit")
 
 SIZES = {
     "full": dict(
@@ -586,14 +585,27 @@ def _timer(torch, device):
 
 
 def step_optimizer(ctx: Ctx) -> None:
-    import math
-    import statistics
-
+    """1. the contenders on the same GPT-2-shaped parameters and gradients; 2. three steps of each from the same
+    start, compared; 3. their step times, interleaved; 4. the compressed codec against the fused Lion step,
+    from step 4's bench; 5. the summary."""
     import torch
+
+    device = torch.device(ctx.device)
+    contenders, base, n = _contenders(ctx, torch, device)
+    _first_steps(ctx, torch, device, contenders, base)
+    ctx.save()
+    ms = _step_times(ctx, torch, device, contenders, n)
+    _codec_of_bench(ctx, n)
+    ctx.result["summary"] = _optimizer_summary(ctx.result, ms, n)
+
+
+def _contenders(ctx: Ctx, torch, device) -> tuple[dict, list, int]:
+    """({name: (parameters, optimizer)}, the initial parameters, the parameter count): LionCub with and
+    without its finite check, lion-pytorch's Lion and torch's fused AdamW, each on its own copy."""
+    import math
 
     from lioncub import LionCub, kernels
     r = ctx.result
-    device = torch.device(ctx.device)
     shapes = gpt2_shapes(**ctx.cfg["gpt2"])
     n = sum(math.prod(s) for s in shapes)
     r.update(shapes=len(shapes), params=n, dtype="float32", kernels=os.environ.get("LIONCUB_KERNELS", "auto"))
@@ -625,8 +637,13 @@ def step_optimizer(ctx: Ctx) -> None:
     ps = fresh()
     contenders["torch AdamW(fused=True)"] = (ps, torch.optim.AdamW(ps, fused=True, **hp))
     ctx.check("lion-pytorch available", "lion_pytorch_error" not in r)
-    # the same three steps from the same start: LionCub against lion-pytorch (its Triton kernel computes
-    # (m - g)*b1 + g and decays with an fp32 1 - lr*wd, so rounding-level differences are expected there)
+    return contenders, base, n
+
+
+def _first_steps(ctx: Ctx, torch, device, contenders: dict, base: list) -> None:
+    """The same three steps from the same start: LionCub against lion-pytorch (its Triton kernel computes
+    (m - g)*b1 + g and decays with an fp32 1 - lr*wd, so rounding-level differences are expected there)."""
+    r = ctx.result
     for _, opt in contenders.values():
         for _ in range(3):  # also the warm-up: Triton compiles, lion-pytorch autotunes
             opt.step()
@@ -640,11 +657,18 @@ def step_optimizer(ctx: Ctx) -> None:
         diff = sum(int((a.detach() != b.detach()).sum()) for a, b in zip(lc, lp))
         r["lioncub_vs_lion_pytorch_mismatches"] = diff
         r["lioncub_vs_lion_pytorch_note"] = "after 3 steps from the same parameters and gradients"
-    ctx.save()
+
+
+def _step_times(ctx: Ctx, torch, device, contenders: dict, n: int) -> dict:
+    """Median ms per step of each contender over interleaved rounds (the contenders see the same machine
+    state), LionCub's bandwidth against the copy's, and the speed targets."""
+    import statistics
+
+    r = ctx.result
     measure = _timer(torch, device)
     times: dict[str, list[float]] = {k: [] for k in contenders}
     for _ in range(ctx.cfg["opt_rounds"]):
-        for name, (_, opt) in contenders.items():  # interleaved: the contenders see the same machine state
+        for name, (_, opt) in contenders.items():
             times[name].append(measure(opt.step, ctx.cfg["opt_steps"]))
         if ctx.left() < 5:
             break
@@ -662,7 +686,12 @@ def step_optimizer(ctx: Ctx) -> None:
         ctx.target("LionCub world size 1 >= 1.0x lion-pytorch's Triton Lion",
                    None if lp_name is None else ms[lp_name] >= lion)
         ctx.target("LionCub world size 1 faster than torch fused AdamW", ms["torch AdamW(fused=True)"] > lion)
-    # the compressed codec on a bucket of the same size, from step 4 (lioncub bench kernels, N = 8)
+    return ms
+
+
+def _codec_of_bench(ctx: Ctx, n: int) -> None:
+    """The compressed codec on a bucket of the same size, from step 4 (lioncub bench kernels, N = 8)."""
+    r = ctx.result
     bench = ctx.out / "04-bench-float32.json"
     if bench.exists():
         res = json.loads(bench.read_text())
@@ -678,12 +707,16 @@ def step_optimizer(ctx: Ctx) -> None:
                            r["codec"]["vote_1bit_x_lion"] <= 1.3)
     if "codec" not in r:
         r["codec"] = "not measured (step 4 has no bucket of this size)"
+
+
+def _optimizer_summary(r: dict, ms: dict, n: int) -> str:
+    lion = ms["lioncub"]
     parts = [f"{n / 1e6:.2f}M params: LionCub {lion:.3f} ms/step"]
     parts += [f"{k} {ms[k]:.3f} ms (= {ms[k] / lion:.2f}x LionCub's)" for k in ms if k != "lioncub"]
     if isinstance(r["codec"], dict):
         c = r["codec"]
         parts.append(f"codec vote-1bit {c['vote_1bit_x_lion']:.2f}x, l1-pbit {c['l1_pbit_x_lion']:.2f}x fused Lion")
-    r["summary"] = "; ".join(parts)
+    return "; ".join(parts)
 
 
 # --- 6 ranks ---------------------------------------------------------------------------------------------
@@ -697,7 +730,7 @@ def ranks_body(rank, world_size, cfg):
     import torch
     import torch.distributed as dist
 
-    from lioncub import LionCub, kernels
+    from lioncub import LionCub, kernels, methods
     device = torch.device(cfg["device"])
     if device.type == "cuda":
         torch.cuda.set_device(0)  # every rank on the one GPU (NCCL would need one GPU per rank: Gloo here)
@@ -713,7 +746,7 @@ def ranks_body(rank, world_size, cfg):
             opt = LionCub([dict(params=groups[0]), dict(params=groups[1], lr=0.02, weight_decay=0.0),
                            dict(params=groups[2], lr=0.005, betas=(0.8, 0.95))], lr=0.01, weight_decay=0.1,
                           method=method, bucket_mb=cfg["bucket_mb"],
-                          momentum_sync=None if method == "allreduce" else cfg["sync_every"])
+                          momentum_sync=None if methods.get(method).dense else cfg["sync_every"])
             start = torch.cat([p.detach().double().cpu().reshape(-1) for p in params])
             t0 = time.perf_counter()
             for step in range(1, cfg["steps"] + 1):
@@ -745,12 +778,14 @@ def ranks_body(rank, world_size, cfg):
 def step_ranks(ctx: Ctx) -> None:
     from gpu_check import ranks_body  # by its module name, not __main__'s, for the spawned ranks
 
+    from lioncub import methods
     from lioncub.comm.distributed import spawn
+    names = list(methods.NAMES)
     r, rc = ctx.result, ctx.cfg["ranks"]
-    cfg = dict(device=ctx.device, backends=["triton", "torch"], methods=list(METHODS), steps=rc["steps"],
+    cfg = dict(device=ctx.device, backends=["triton", "torch"], methods=names, steps=rc["steps"],
                shapes=rc["shapes"], bf16=rc["bf16"], fp16=rc["fp16"], bucket_mb=rc["bucket_mb"],
                sync_every=rc["sync_every"])
-    r.update(steps=rc["steps"], methods=list(METHODS), backends=cfg["backends"], runs={})
+    r.update(steps=rc["steps"], methods=names, backends=cfg["backends"], runs={})
     env = {k: v for k, v in ctx.env().items() if k.startswith(("LIONCUB_", "TRITON_"))}
     for i, world in enumerate(rc["world_sizes"]):
         left = ctx.left() - 2
@@ -779,7 +814,7 @@ def step_ranks(ctx: Ctx) -> None:
         want = "lioncub.kernels.triton_ops"
         ctx.check(f"{world} ranks: the triton backend ran the Triton kernels",
                   all(v["ran"] == want for k, v in rows.items() if k.startswith("triton ")))
-        same = {m: rows[f"triton {m}"]["digest"] == rows[f"torch {m}"]["digest"] for m in METHODS}
+        same = {m: rows[f"triton {m}"]["digest"] == rows[f"torch {m}"]["digest"] for m in names}
         r["runs"][str(world)] = dict(methods=rows, triton_equals_torch=same)
         ctx.target(f"{world} ranks: Triton and torch twins give the same parameters after {rc['steps']} steps",
                    all(same.values()))
@@ -787,7 +822,7 @@ def step_ranks(ctx: Ctx) -> None:
     equal = sum(v for run in r["runs"].values() for v in run.get("triton_equals_torch", {}).values())
     total = sum(len(run.get("triton_equals_torch", {})) for run in r["runs"].values())
     ok = [c for c in r["checks"] if "replicas identical" in c]
-    r["summary"] = (f"world sizes {rc['world_sizes']} on {ctx.device} over Gloo, {len(METHODS)} methods x 2 backends, "
+    r["summary"] = (f"world sizes {rc['world_sizes']} on {ctx.device} over Gloo, {len(names)} methods x 2 backends, "
                     f"{rc['steps']} steps: replicas identical in {sum(r['checks'][c] for c in ok)}/{len(ok)} runs; "
                     f"Triton == torch twins in {equal}/{total}")
 
@@ -836,11 +871,27 @@ TRAIN_TOLERANCE = 0.02  # relative, on the mean loss of the last steps and on th
 
 
 def step_train(ctx: Ctx) -> None:
+    """1. the three runs, concurrently (only the loss values are compared, not the times); 2. their results;
+    3. each run's own checks; 4. the triton run's loss curve against the torch run's."""
     r, cfg = ctx.result, ctx.cfg["train"]
     r.update(config=cfg, tolerance=TRAIN_TOLERANCE)
+    procs = _start_train_runs(ctx, cfg)
+    res = _train_results(ctx, procs)
+    r["runs"] = {k: {kk: vv for kk, vv in v.items() if kk != "losses"} | dict(first_losses=v["losses"][:3],
+                                                                              last_loss=v["losses"][-1])
+                 for k, v in res.items()}
+    _check_train_runs(ctx, res)
+    if "triton" in res and "torch" in res:
+        _compare_train_runs(ctx, cfg, res)
+    else:
+        r["summary"] = "a run failed: see 07-train.log"
+
+
+def _start_train_runs(ctx: Ctx, cfg: dict) -> dict:
+    """label -> (its result file, its process): the Triton kernels, the torch twins, Triton again (control)."""
     runs = {"triton": "triton", "torch": "torch", "triton (control)": "triton"}
     procs = {}
-    for label, backend in runs.items():  # concurrently: only the loss values are compared, not the times
+    for label, backend in runs.items():
         path = ctx.out / f"07-train-{label.split()[0]}{'-control' if 'control' in label else ''}.json"
         path.unlink(missing_ok=True)
         code = (f"import sys; sys.path.insert(0, {str(SCRIPTS)!r}); from gpu_check import train_run; "
@@ -849,6 +900,11 @@ def step_train(ctx: Ctx) -> None:
         procs[label] = (path, subprocess.Popen([sys.executable, "-c", code], cwd=REPO, env=env,
                                                stdout=open(ctx.out / "07-train.log", "a"), stderr=subprocess.STDOUT,
                                                preexec_fn=os.setpgrp))
+    return procs
+
+
+def _train_results(ctx: Ctx, procs: dict) -> dict:
+    """label -> the result of each run that finished within the step's time (the others are killed)."""
     deadline = time.monotonic() + ctx.left() - 2
     res = {}
     for label, (path, proc) in procs.items():
@@ -861,9 +917,10 @@ def step_train(ctx: Ctx) -> None:
         ctx.check(f"run {label} finished", ok)
         if ok:
             res[label] = json.loads(path.read_text())
-    r["runs"] = {k: {kk: vv for kk, vv in v.items() if kk != "losses"} | dict(first_losses=v["losses"][:3],
-                                                                              last_loss=v["losses"][-1])
-                 for k, v in res.items()}
+    return res
+
+
+def _check_train_runs(ctx: Ctx, res: dict) -> None:
     if "triton" in res:
         ctx.check("the triton run ran the Triton kernels", res["triton"]["ran"] == "lioncub.kernels.triton_ops")
         losses = res["triton"]["losses"]
@@ -874,33 +931,34 @@ def step_train(ctx: Ctx) -> None:
             ctx.check("the triton run's losses are finite", all(x == x and abs(x) < float("inf") for x in losses))
     if "torch" in res:
         ctx.check("the torch run ran the torch twins", res["torch"]["ran"] == "lioncub.kernels.reference")
-    if "triton" in res and "torch" in res:
-        a, b = res["triton"], res["torch"]
-        d = _curve_diff(a["losses"], b["losses"])
-        d["eval_rel_diff"] = abs(a["final_loss"] - b["final_loss"]) / max(abs(b["final_loss"]), 1e-12)
-        r["triton_vs_torch"] = d
-        control = res.get("triton (control)")
-        r["control_identical"] = None if control is None else control["losses"] == a["losses"]
-        if d["identical"] and a["final_loss"] == b["final_loss"]:
-            verdict, ok = "bit-identical loss curves", True
-        else:
-            ok = d["tail_mean_rel_diff"] <= TRAIN_TOLERANCE and d["eval_rel_diff"] <= TRAIN_TOLERANCE
-            why = ("the model's forward/backward is itself not deterministic here (the control run differs)"
-                   if r["control_identical"] is False else
-                   "the kernels differ from the twins at rounding level (a sign flip where |c| is at rounding "
-                   "level); from the first such step the two runs follow different but equally good trajectories")
-            verdict = (f"not bit-identical from step {d['first_different_step']}: {why}; last-{d['tail_steps']}-step "
-                       f"mean loss {100 * d['tail_mean_rel_diff']:.2f}% and eval loss {100 * d['eval_rel_diff']:.2f}% "
-                       f"apart (tolerance {100 * TRAIN_TOLERANCE:.0f}%)")
-        r["verdict"] = verdict
-        ctx.check("same loss curve (bit-identical, or within the tolerance)", ok)
-        ctx.target("Triton vs torch twins bit-identical (200-step training)" if ctx.size == "full"
-                   else "Triton vs torch twins bit-identical (training)", d["identical"])
-        r["summary"] = (f"{cfg['model']} ({a['params'] / 1e6:.1f}M), {cfg['steps']} steps on {ctx.device}: "
-                        f"{verdict}; eval loss {a['final_loss']:.4f} (triton) / {b['final_loss']:.4f} (torch); "
-                        f"step {a['step_ms']:.1f} / {b['step_ms']:.1f} ms")
+
+
+def _compare_train_runs(ctx: Ctx, cfg: dict, res: dict) -> None:
+    r = ctx.result
+    a, b = res["triton"], res["torch"]
+    d = _curve_diff(a["losses"], b["losses"])
+    d["eval_rel_diff"] = abs(a["final_loss"] - b["final_loss"]) / max(abs(b["final_loss"]), 1e-12)
+    r["triton_vs_torch"] = d
+    control = res.get("triton (control)")
+    r["control_identical"] = None if control is None else control["losses"] == a["losses"]
+    if d["identical"] and a["final_loss"] == b["final_loss"]:
+        verdict, ok = "bit-identical loss curves", True
     else:
-        r["summary"] = "a run failed: see 07-train.log"
+        ok = d["tail_mean_rel_diff"] <= TRAIN_TOLERANCE and d["eval_rel_diff"] <= TRAIN_TOLERANCE
+        why = ("the model's forward/backward is itself not deterministic here (the control run differs)"
+               if r["control_identical"] is False else
+               "the kernels differ from the twins at rounding level (a sign flip where |c| is at rounding "
+               "level); from the first such step the two runs follow different but equally good trajectories")
+        verdict = (f"not bit-identical from step {d['first_different_step']}: {why}; last-{d['tail_steps']}-step "
+                   f"mean loss {100 * d['tail_mean_rel_diff']:.2f}% and eval loss {100 * d['eval_rel_diff']:.2f}% "
+                   f"apart (tolerance {100 * TRAIN_TOLERANCE:.0f}%)")
+    r["verdict"] = verdict
+    ctx.check("same loss curve (bit-identical, or within the tolerance)", ok)
+    ctx.target("Triton vs torch twins bit-identical (200-step training)" if ctx.size == "full"
+               else "Triton vs torch twins bit-identical (training)", d["identical"])
+    r["summary"] = (f"{cfg['model']} ({a['params'] / 1e6:.1f}M), {cfg['steps']} steps on {ctx.device}: "
+                    f"{verdict}; eval loss {a['final_loss']:.4f} (triton) / {b['final_loss']:.4f} (torch); "
+                    f"step {a['step_ms']:.1f} / {b['step_ms']:.1f} ms")
 
 
 # --- the orchestrator ------------------------------------------------------------------------------------

@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from lioncub import methods
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check  # noqa: E402  (an operations script, importable from scripts/)
@@ -48,7 +50,7 @@ def test_rehearsal_runs_every_step_and_writes_json_and_summary(tmp_path):
     assert set(steps["optimizer"]["step_ms"]) >= {"lioncub", "torch AdamW(fused=True)"}
     assert steps["optimizer"]["backend"] == "lioncub.kernels.triton_ops"
     ranks = steps["ranks"]["runs"]["2"]
-    assert len(ranks["methods"]) == 2 * len(gpu_check.METHODS) and all(ranks["triton_equals_torch"].values())
+    assert len(ranks["methods"]) == 2 * len(methods.NAMES) and all(ranks["triton_equals_torch"].values())
     assert all(m["ran"] == "lioncub.kernels.triton_ops" for k, m in ranks["methods"].items() if k.startswith("triton"))
     train = steps["train"]
     assert train["triton_vs_torch"]["identical"] and train["verdict"] == "bit-identical loss curves"

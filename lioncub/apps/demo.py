@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from lioncub import methods
+
 SCENARIO = dict(model="char-small", batch_size=8, block_size=32, lr=1e-3)
 
 
@@ -35,25 +37,21 @@ def say(text: str = "") -> None:
 
 
 def run(args) -> int:
+    """The four steps of the module's docstring, each in its function."""
     import json
 
-    from lioncub.apps.autotune import recommend, search
-    from lioncub.apps.autotune.space import default_schedules
     from lioncub.apps.calibrate import default_lab_profile
     from lioncub.apps.lab import missing_privileges
-    from lioncub.apps.train import DDP_LION
+    from lioncub.apps.train.configs import DDP_LION
     from lioncub.apps.train.loop import TrainConfig, build, measure_compute
     from lioncub.apps.train.models import count_params
-    from lioncub.apps.train.predict import DDP_BUCKET_MB
-    from lioncub.comm.wire import auto_bucket_mb
-    from lioncub.methods import NAMES as METHODS
-    from lioncub.simulator import Cluster, simulate_step
+    from lioncub.simulator import Cluster
     from lioncub.simulator.units import format_rate, format_time, parse_rate
 
     rate = parse_rate(args.bandwidth)
     missing = missing_privileges()
     on_lab = not args.local and not missing
-    base_cfg = TrainConfig(**SCENARIO, method=DDP_LION, steps=args.steps)
+    base_cfg = TrainConfig(**SCENARIO, method=DDP_LION.name, steps=args.steps)
     params = count_params(build(base_cfg)[0])
     say(f"lioncub demo: {base_cfg.model} ({params / 1e6:.2f}M parameters) on Python's docs, {args.ranks} ranks, "
         f"{format_rate(rate)} links, batch {base_cfg.batch_size} x {base_cfg.block_size} tokens per rank")
@@ -62,28 +60,9 @@ def run(args) -> int:
     compute = measure_compute(base_cfg, args.ranks)
     say(f"   {format_time(compute)} per step")
 
-    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; every method overlaps backward)")
-    profile = default_lab_profile()
-    cluster = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0)
-    base = simulate_step(cluster, "allreduce", params, None, DDP_BUCKET_MB, compute, backend=profile)
-    bucket_mb = auto_bucket_mb(4 * params)
-    say(f"   {'method':16s} {'step':>10s} {'exposed':>10s} {'speedup':>8s} {'sent/step':>10s}")
-    for method in (DDP_LION,) + METHODS:
-        r = base if method == DDP_LION else simulate_step(cluster, method, params, None, bucket_mb, compute,
-                                                          backend=profile)
-        say(f"   {method:16s} {format_time(r.step_seconds):>10s} {format_time(r.exposed_communication_seconds):>10s} "
-            f"{base.step_seconds / r.step_seconds:7.2f}x {r.bytes_sent_per_rank / 1e6:8.3f} MB")
-    say(f"   {DDP_LION} spends {r_frac(base):.0%} of its step waiting for communication")
-
-    say("\n3. autotune (methods, buckets, momentum sync; within the default convergence-risk bound)")
-    # The planned run is autotune's default (10,000 steps): the demo's short runs sample its steady step, so
-    # the search leaves out the adaptive guard, whose dense start would be 40% of a 30-step run.
-    planned = max(10_000, args.steps)
-    result = search(cluster, params, compute, backend=profile, steps=planned, max_risk=0.45,
-                    bucket_mbs=sorted({bucket_mb, 4.0, 25.0}),
-                    momentum_syncs=[s for s in default_schedules(planned) if s != "adaptive"])
-    best, verdict = recommend(result)
-    say(f"   {verdict}")
+    cluster, profile = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0), default_lab_profile()
+    _simulate(cluster, profile, params, compute)
+    best = _autotune(cluster, profile, params, compute, args.steps)
     chosen = TrainConfig(**SCENARIO, method=best.method, steps=args.steps, levels=best.levels,
                          momentum_sync=best.momentum_sync, bucket_mb=best.bucket_mb)
 
@@ -92,14 +71,53 @@ def run(args) -> int:
     if not on_lab:
         say(f"   (not on the lab: {missing or '--local given'}; loopback is not a {format_rate(rate)} link, so "
             "the measured step times show the codec and compute, not the network; run as root for the lab)")
-    lioncub_allreduce = dataclasses.replace(base_cfg, method="allreduce")
-    cfgs = [base_cfg, lioncub_allreduce] + ([chosen] if chosen.method != "allreduce" else [])
+    lioncub_allreduce = dataclasses.replace(base_cfg, method=methods.BASELINE)
+    # the chosen configuration, unless it is the baseline method that lioncub_allreduce trains already
+    cfgs = [base_cfg, lioncub_allreduce] + ([chosen] if chosen.configuration.compressed else [])
     runs = _train(cfgs, args, rate, on_lab, compute)
     say()
     say(table(runs, on_lab))
     if args.json:
         say(json.dumps(runs, indent=2))
     return 0
+
+
+def _simulate(cluster, profile, params: int, compute: float) -> None:
+    """Step 2: every method's simulated step against ddp+lion's (torch DDP's fp32 all-reduce in its buckets)."""
+    from lioncub.apps.train.configs import DDP_LION
+    from lioncub.apps.train.predict import DDP_BUCKET_MB
+    from lioncub.comm.wire import auto_bucket_mb
+    from lioncub.simulator import simulate_step
+    from lioncub.simulator.units import format_time
+
+    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; every method overlaps backward)")
+    base = simulate_step(cluster, methods.BASELINE, params, None, DDP_BUCKET_MB, compute, backend=profile)
+    bucket_mb = auto_bucket_mb(4 * params)
+    say(f"   {'method':16s} {'step':>10s} {'exposed':>10s} {'speedup':>8s} {'sent/step':>10s}")
+    rows = {DDP_LION.name: base} | {m: simulate_step(cluster, m, params, None, bucket_mb, compute, backend=profile)
+                                    for m in methods.NAMES}
+    for name, r in rows.items():
+        say(f"   {name:16s} {format_time(r.step_seconds):>10s} {format_time(r.exposed_communication_seconds):>10s} "
+            f"{base.step_seconds / r.step_seconds:7.2f}x {r.bytes_sent_per_rank / 1e6:8.3f} MB")
+    say(f"   {DDP_LION.name} spends {r_frac(base):.0%} of its step waiting for communication")
+
+
+def _autotune(cluster, profile, params: int, compute: float, steps: int):
+    """Step 3: autotune's recommendation (a Candidate) for the planned run."""
+    from lioncub.apps.autotune import recommend, search
+    from lioncub.apps.autotune.space import default_schedules
+    from lioncub.comm.wire import auto_bucket_mb
+
+    say("\n3. autotune (methods, buckets, momentum sync; within the default convergence-risk bound)")
+    # The planned run is autotune's default (10,000 steps): the demo's short runs sample its steady step, so
+    # the search leaves out the adaptive guard, whose dense start would be 40% of a 30-step run.
+    planned = max(10_000, steps)
+    result = search(cluster, params, compute, backend=profile, steps=planned, max_risk=0.45,
+                    bucket_mbs=sorted({auto_bucket_mb(4 * params), 4.0, 25.0}),
+                    momentum_syncs=[s for s in default_schedules(planned) if s != "adaptive"])
+    best, verdict = recommend(result)
+    say(f"   {verdict}")
+    return best
 
 
 def r_frac(r) -> float:
@@ -130,7 +148,7 @@ def _train(cfgs, args, rate, on_lab, compute) -> list[dict]:
 
 def _label(cfg) -> str:
     extra = [] if cfg.momentum_sync == "none" else [f"sync {cfg.momentum_sync}"]
-    if cfg.method == "l1-pbit" and cfg.levels:
+    if cfg.configuration.uses_levels and cfg.levels:
         extra.append(f"s={cfg.levels}")
     return cfg.method + (f" ({', '.join(extra)})" if extra else "")
 

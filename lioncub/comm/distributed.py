@@ -67,39 +67,60 @@ def launch_env(env: Mapping[str, str] | None = None) -> LaunchEnv | None:
     count above 1 without SLURM_PROCID (the batch script itself, not a task srun started), a node list that
     cannot be parsed, an MPI job over several hosts without MASTER_ADDR, a rank outside [0, world size)."""
     env = os.environ if env is None else env
+    for read in (_torchrun_env, _slurm_env, _mpi_env):
+        found = read(env)
+        if found is not None:
+            return found
+    return None
+
+
+def _torchrun_env(env: Mapping[str, str]) -> LaunchEnv | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         rank, world = _int(env, "RANK", "torchrun"), _int(env, "WORLD_SIZE", "torchrun")
         local = _int(env, "LOCAL_RANK", "torchrun") if env.get("LOCAL_RANK") else 0
         return _checked(LaunchEnv("torchrun", rank, world, local, None, None))
+    return None
+
+
+def _slurm_env(env: Mapping[str, str]) -> LaunchEnv | None:
     ntasks_key = next((k for k in ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS") if env.get(k)), None)
-    if ntasks_key is not None:
-        world = _int(env, ntasks_key, "SLURM")
-        if world <= 1:
-            return LaunchEnv("slurm", 0, 1, 0, None, None)
-        if not env.get("SLURM_PROCID"):
-            raise LaunchError(
-                f"SLURM: {ntasks_key}={world} but this process has no SLURM_PROCID, so it is not one of the "
-                f"job's tasks (is this the batch script itself?). Start the ranks with `srun python ...` (or "
-                f"torchrun), or run one process alone with --ntasks=1 (or SLURM_NTASKS unset).")
-        rank = _int(env, "SLURM_PROCID", "SLURM")
-        local = _int(env, "SLURM_LOCALID", "SLURM") if env.get("SLURM_LOCALID") else 0
-        master = env.get("MASTER_ADDR")
-        if not master:
-            nodelist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
-            if nodelist is None:
-                raise LaunchError(f"SLURM: {world} tasks but no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST to find "
-                                  f"the master host in; set MASTER_ADDR")
-            master = expand_hostlist(nodelist)[0]
-        if env.get("MASTER_PORT"):
-            port = _int(env, "MASTER_PORT", "SLURM")
-        else:
-            job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
-            port = DEFAULT_PORT + (int(job) % 1000 if job.isdigit() else 0)
-        return _checked(LaunchEnv("slurm", rank, world, local, master, port))
-    for launcher, rank_key, size_key, local_key, local_size_key in (
-            ("openmpi", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
-             "OMPI_COMM_WORLD_LOCAL_SIZE"),
-            ("pmi", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS")):
+    if ntasks_key is None:
+        return None
+    world = _int(env, ntasks_key, "SLURM")
+    if world <= 1:
+        return LaunchEnv("slurm", 0, 1, 0, None, None)
+    if not env.get("SLURM_PROCID"):
+        raise LaunchError(
+            f"SLURM: {ntasks_key}={world} but this process has no SLURM_PROCID, so it is not one of the "
+            f"job's tasks (is this the batch script itself?). Start the ranks with `srun python ...` (or "
+            f"torchrun), or run one process alone with --ntasks=1 (or SLURM_NTASKS unset).")
+    rank = _int(env, "SLURM_PROCID", "SLURM")
+    local = _int(env, "SLURM_LOCALID", "SLURM") if env.get("SLURM_LOCALID") else 0
+    master = env.get("MASTER_ADDR")
+    if not master:
+        nodelist = _first(env, "SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        if nodelist is None:
+            raise LaunchError(f"SLURM: {world} tasks but no SLURM_STEP_NODELIST / SLURM_JOB_NODELIST to find "
+                              f"the master host in; set MASTER_ADDR")
+        master = expand_hostlist(nodelist)[0]
+    if env.get("MASTER_PORT"):
+        port = _int(env, "MASTER_PORT", "SLURM")
+    else:
+        job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "0"
+        port = DEFAULT_PORT + (int(job) % 1000 if job.isdigit() else 0)
+    return _checked(LaunchEnv("slurm", rank, world, local, master, port))
+
+
+# launcher -> its variables: rank, size, local rank, local size
+_MPI_KEYS = {
+    "openmpi": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "OMPI_COMM_WORLD_LOCAL_SIZE"),
+    "pmi": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"),
+}
+
+
+def _mpi_env(env: Mapping[str, str]) -> LaunchEnv | None:
+    for launcher, (rank_key, size_key, local_key, local_size_key) in _MPI_KEYS.items():
         if not env.get(size_key):
             continue
         world = _int(env, size_key, launcher)

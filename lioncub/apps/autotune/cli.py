@@ -83,10 +83,9 @@ def _presets_help() -> str:
 
 def register(sub) -> None:
     import argparse
-
-    g0 = GPUS[DEFAULT_GPU]
     import textwrap
 
+    g0 = GPUS[DEFAULT_GPU]
     intro = ("Describe the model and the cluster; the simulator predicts the step time of every configuration "
              "(method, l1-pbit levels, bucket size, flat or LionCub's hierarchical layout, momentum-sync schedule); "
              "the fastest within --max-risk is recommended, and --output writes it as a config that "
@@ -100,7 +99,17 @@ def register(sub) -> None:
         "autotune", help="search method, collective, buckets and sync interval for a cluster",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=textwrap.fill(intro, 104) + "\n\n" + textwrap.fill(gpu, 104) + "\n\n" + RISK_RULE)
-    m = p.add_argument_group("model")
+    _model_arguments(p.add_argument_group("model"))
+    _cluster_arguments(p.add_argument_group("cluster"))
+    _search_arguments(p.add_argument_group("search"))
+    _pilot_arguments(p.add_argument_group("pilot (imports torch, trains)"))
+    p.add_argument("--output", metavar="FILE", help="write the recommended configuration as JSON")
+    p.add_argument("--json", action="store_true", help="print the ranked list (and recommendation) as JSON")
+    p.set_defaults(func=run)
+
+
+def _model_arguments(m) -> None:
+    """The model: a preset, a built-in model or a parameter count, and what its compute time comes from."""
     m.add_argument("--model", help="preset: " + ", ".join(f"{k} ({v['params'] / 1e6:.1f}M, {v['batch']} "
                                                            f"{v['what']}/rank)" for k, v in PRESETS.items())
                    + "; built-in (trainable by `lioncub train`, pilots): " + ", ".join(BUILTIN))
@@ -118,7 +127,10 @@ def register(sub) -> None:
                         + ", ".join(f"{k}: {v['label']} {v['peak_flops'] / 1e12:.0f} TFLOP/s, "
                                     f"{v['memory_bandwidth'] / 1e12:g} TB/s" for k, v in GPUS.items()) + ")")
     m.add_argument("--memory-bandwidth", help="device memory bandwidth for codec/update kernels (default: the GPU's)")
-    c = p.add_argument_group("cluster")
+
+
+def _cluster_arguments(c) -> None:
+    """The cluster: a preset or its shape, its links and the communication library."""
     c.add_argument("--preset", help="named cluster (explicit flags override its fields): " + _presets_help())
     c.add_argument("--ranks", type=int, help="number of ranks (GPUs)")
     c.add_argument("--nodes", type=int, help="number of nodes (instead of --ranks)")
@@ -129,7 +141,10 @@ def register(sub) -> None:
     c.add_argument("--backend", choices=["nccl", "gloo", "ideal"],
                    help="communication library (default nccl; gloo for the built-in models, which train on CPU)")
     c.add_argument("--calibration", metavar="FILE", help="simulator backend profile JSON (from a calibration run)")
-    s = p.add_argument_group("search")
+
+
+def _search_arguments(s) -> None:
+    """The search space, the planned run and the convergence-risk bound."""
     s.add_argument("--methods", help="comma-separated subset of: " + ", ".join(methods.NAMES))
     s.add_argument("--bucket-mb", help="comma-separated bucket sizes in MiB (default 4,25,100)")
     s.add_argument("--momentum-sync", help="comma-separated schedules to try: none, K, every:K, first:K:M, "
@@ -156,7 +171,10 @@ def register(sub) -> None:
                                            "train section and used by pilots (default: TrainConfig's tuned one)")
     s.add_argument("--tuned-lr", type=float, help="the lr the model's allreduce baseline trains best at (default: a "
                                                  "built-in model's default lr; for another model, --lr taken as tuned)")
-    pl = p.add_argument_group("pilot (imports torch, trains)")
+
+
+def _pilot_arguments(pl) -> None:
+    """Short training runs of the top candidates."""
     pl.add_argument("--pilot", type=int, metavar="STEPS", help="train the top candidates for STEPS steps and "
                                                                "rank them by predicted time to the target loss")
     pl.add_argument("--pilot-ranks", type=int, help="ranks per pilot (default min(ranks, 4))")
@@ -167,9 +185,6 @@ def register(sub) -> None:
     pl.add_argument("--target-loss", type=float,
                     help="target training loss (default: the allreduce pilot's smoothed loss at 2/3 of the pilot)")
     pl.add_argument("--pilot-on", default="local", help="where pilots run: " + ", ".join(PILOT_RUNNERS))
-    p.add_argument("--output", metavar="FILE", help="write the recommended configuration as JSON")
-    p.add_argument("--json", action="store_true", help="print the ranked list (and recommendation) as JSON")
-    p.set_defaults(func=run)
 
 
 def _csv(text, parse, what):

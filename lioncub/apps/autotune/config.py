@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+from lioncub import methods
 from lioncub.simulator import Cluster
 from lioncub.simulator.profiles import BackendProfile
 
@@ -23,7 +24,7 @@ def collective_section(c: Candidate, backend: str) -> dict:
                 if part.split(":")[0] == "allreduce" or ":" not in part}
         if x["what"] == "control allreduce":
             control |= algs
-        elif x["what"] in ("allreduce", "l1-pbit", "vote-pbit", "avg-pbit", "momentum-sync"):
+        elif _bulk_allreduce(x["what"]):
             bulk |= algs
     sec = {"layout": c.layout, "hierarchical": c.layout == "hierarchical", "algorithms": c.algorithms,
            "collectives": c.collectives, "env": {}, "notes": []}
@@ -46,6 +47,15 @@ def collective_section(c: Candidate, backend: str) -> dict:
         sec["notes"].append("torch's Gloo backend picks its algorithms itself (not selectable); the prediction "
                             "assumes the fastest of those the profile lists")
     return sec
+
+
+def _bulk_allreduce(what: str) -> bool:
+    """Whether the collectives a step tallies as `what` are bulk all-reduces: a method's whose exchange is an
+    all-reduce (the dense method's gradients, a p-bit method's fields), or the momentum sync's."""
+    if what in methods.REGISTRY:
+        codec = methods.get(what).codec
+        return codec is None or codec.kind == "fields"
+    return what == "momentum-sync"
 
 
 def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: Cluster, cluster_desc: str,
@@ -82,7 +92,7 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
             "optimizer_seconds": c.optimizer_seconds, "communication_seconds": c.communication_seconds,
             "exposed_communication_seconds": c.exposed_communication_seconds,
             "momentum_sync_seconds": c.momentum_sync_seconds, "syncs_per_step": c.syncs_per_step,
-            "baseline": {"method": "allreduce", "bucket_mb": BASELINE_BUCKET_MB,
+            "baseline": {"method": methods.BASELINE, "bucket_mb": BASELINE_BUCKET_MB,
                          "step_seconds": base["step_seconds"], "bytes_sent_per_rank": base["bytes_sent_per_rank"],
                          "exposed_communication_seconds": base["exposed_communication_seconds"]},
             "verdict": verdict,

@@ -80,7 +80,8 @@ def model_spec(model: str | None = None, params=None, *, batch: int | None = Non
                tokens=None, block_size: int | None = None, compute_seconds=None, flops=None,
                gpu: str = DEFAULT_GPU) -> ModelSpec:
     """The model to tune for: a preset, a built-in model or `params` parameters, and its compute time per
-    step (given, or training FLOPs per step / achieved FLOP/s, by default the GPU's peak x UTILIZATION)."""
+    step (given, or training FLOPs per step / achieved FLOP/s, by default the GPU's peak x UTILIZATION).
+    1. check the arguments; 2. the achieved FLOP/s; 3. the model's work per step; 4. the compute time."""
     if model is not None and params is not None:
         raise ValueError("give --model or --params, not both")
     if model is None and params is None:
@@ -91,47 +92,13 @@ def model_spec(model: str | None = None, params=None, *, batch: int | None = Non
     for name, v in (("batch", batch), ("seq-len", seq_len), ("block-size", block_size)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ValueError(f"--{name} must be a positive integer, got {v!r}")
-    if flops is not None:
-        achieved = _count(flops, "--flops")
-        flops_text = f"{achieved / 1e12:.4g} TFLOP/s (given)"
-    else:
-        g = GPUS[gpu]
-        achieved = g["peak_flops"] * UTILIZATION
-        flops_text = (f"{achieved / 1e12:.4g} TFLOP/s (assumed GPU: {g['label']}, "
-                      f"{g['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak at {UTILIZATION:.0%})")
-    builtin = False
-    bs = blk = None
+    achieved, flops_text = _achieved_flops(flops, gpu)
     if params is not None:
-        P = int(_count(params, "--params"))
-        if P < 1:
-            raise ValueError(f"--params must be at least 1, got {params!r}")
-        name = "custom"
-        if tokens is None and batch is not None:
-            tokens = batch * (seq_len or 1024)
-        t = _count(tokens, "--tokens") if tokens is not None else DEFAULT_TOKENS
-        flops_step = 6.0 * P * t
-        work = f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank"
+        w = _custom_work(params, batch, seq_len, tokens)
     elif model in PRESETS:
-        spec = PRESETS[model]
-        name, P = model, spec["params"]
-        b = batch or spec["batch"]
-        if "seq" in spec:
-            t = _count(tokens, "--tokens") if tokens is not None else b * (seq_len or spec["seq"])
-            flops_step = 6.0 * P * t
-            work = f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank"
-        else:
-            if tokens is not None or seq_len is not None:
-                raise ValueError(f"{model} is not a sequence model: give --batch (images per rank), not tokens")
-            flops_step = spec["flops_per_sample"] * b
-            work = f"{b} {spec['what']} per rank x {spec['flops_per_sample'] / 1e9:.4g} GFLOP"
+        w = _preset_work(model, batch, seq_len, tokens)
     elif model in BUILTIN:
-        name, builtin = model, True
-        bs = batch or 16
-        blk = (block_size or seq_len or 64) if model != "mlp" else 64
-        P = builtin_params(model, blk)
-        t = bs * (blk if model != "mlp" else 1)
-        flops_step = 6.0 * P * t
-        work = f"6 x {P / 1e6:.4g}M params x {t} {'tokens' if model != 'mlp' else 'samples'} per rank"
+        w = _builtin_work(model, batch, seq_len, block_size)
     else:
         raise ValueError(f"unknown model {model!r}; choose one of: {', '.join(list(PRESETS) + list(BUILTIN))}, "
                          "or give --params N")
@@ -144,6 +111,63 @@ def model_spec(model: str | None = None, params=None, *, batch: int | None = Non
             raise ValueError(f"--compute-seconds must be >= 0, got {compute_seconds!r}")
         basis = f"{format_time(c)} per step (given)"
     else:
-        c = flops_step / achieved
-        basis = f"{format_time(c)} per step = {work} / {flops_text}"
-    return ModelSpec(name, P, c, basis, builtin, bs, blk)
+        c = w.flops / achieved
+        basis = f"{format_time(c)} per step = {w.text} / {flops_text}"
+    return ModelSpec(w.name, w.params, c, basis, w.builtin, w.batch_size, w.block_size)
+
+
+def _achieved_flops(flops, gpu: str) -> tuple[float, str]:
+    """(FLOP/s, how it was obtained): given, else the GPU's peak x UTILIZATION."""
+    if flops is not None:
+        achieved = _count(flops, "--flops")
+        return achieved, f"{achieved / 1e12:.4g} TFLOP/s (given)"
+    g = GPUS[gpu]
+    achieved = g["peak_flops"] * UTILIZATION
+    return achieved, (f"{achieved / 1e12:.4g} TFLOP/s (assumed GPU: {g['label']}, "
+                      f"{g['peak_flops'] / 1e12:.0f} TFLOP/s bf16 peak at {UTILIZATION:.0%})")
+
+
+@dataclass(frozen=True)
+class _Work:
+    """A model's training FLOPs per rank per step, and the figures they come from."""
+
+    name: str
+    params: int
+    flops: float
+    text: str  # the FLOPs in words
+    builtin: bool = False
+    batch_size: int | None = None
+    block_size: int | None = None
+
+
+def _custom_work(params, batch, seq_len, tokens) -> _Work:
+    P = int(_count(params, "--params"))
+    if P < 1:
+        raise ValueError(f"--params must be at least 1, got {params!r}")
+    if tokens is None and batch is not None:
+        tokens = batch * (seq_len or 1024)
+    t = _count(tokens, "--tokens") if tokens is not None else DEFAULT_TOKENS
+    return _Work("custom", P, 6.0 * P * t, f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank")
+
+
+def _preset_work(model, batch, seq_len, tokens) -> _Work:
+    spec = PRESETS[model]
+    P = spec["params"]
+    b = batch or spec["batch"]
+    if "seq" in spec:
+        t = _count(tokens, "--tokens") if tokens is not None else b * (seq_len or spec["seq"])
+        return _Work(model, P, 6.0 * P * t, f"6 x {P / 1e6:.4g}M params x {t:g} tokens per rank")
+    if tokens is not None or seq_len is not None:
+        raise ValueError(f"{model} is not a sequence model: give --batch (images per rank), not tokens")
+    return _Work(model, P, spec["flops_per_sample"] * b,
+                 f"{b} {spec['what']} per rank x {spec['flops_per_sample'] / 1e9:.4g} GFLOP")
+
+
+def _builtin_work(model, batch, seq_len, block_size) -> _Work:
+    bs = batch or 16
+    blk = (block_size or seq_len or 64) if model != "mlp" else 64
+    P = builtin_params(model, blk)
+    t = bs * (blk if model != "mlp" else 1)
+    return _Work(model, P, 6.0 * P * t,
+                 f"6 x {P / 1e6:.4g}M params x {t} {'tokens' if model != 'mlp' else 'samples'} per rank", True, bs,
+                 blk)

@@ -41,7 +41,7 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
     votes with node means; the bucket size does not change the arithmetic; every:K with K > steps trains
     like none there)."""
     out, seen = [], set()
-    ar = next((c for c in ranked if c.method == "allreduce"), None)
+    ar = next((c for c in ranked if c.dense), None)
     for c in ranked:
         key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)), c.layout)
         if c.dense or key in seen:
@@ -119,7 +119,7 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
         curve = smoothed([r["loss"] for r in s["records"]], window)
         runs.append(dict(candidate=c, config=kw, final_loss=s["final_loss"], train_loss=curve[-1], curve=curve,
                          wall_seconds=time.perf_counter() - t0, measured_step_seconds=s.get("step_seconds")))
-    base = next((r for r in runs if r["candidate"].method == "allreduce"), None)
+    base = next((r for r in runs if r["candidate"].dense), None)
     if target_loss is None:
         if base is None:
             raise ValueError("give --target-loss (no allreduce pilot to take the target from)")

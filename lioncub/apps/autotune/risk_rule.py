@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from lioncub import methods
+from lioncub.apps.train.configs import parse as configuration
 from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.optim import schedules
 
@@ -294,7 +295,7 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float | None = 
     by_config: dict = {}
     for c in train_cells:  # the configurations the rule reads (variants such as adaptive:T are left out)
         method, _, sync = c["config"].partition("@")
-        if c["config"] != "allreduce" and (not sync or sync == "adaptive" or sync.startswith("every:")):
+        if not configuration(method).dense and (not sync or sync == "adaptive" or sync.startswith("every:")):
             by_config.setdefault(c["config"], []).append(c)
     pooled = {}
     for config, cs in list(by_config.items()):
@@ -353,9 +354,9 @@ def check(map_res: dict, fitted: dict) -> dict:
         rows = []
         for c in map_res["cells"]:
             held = other_model or _regime_id(c, tuned) not in fitted["construction"]
-            if c["config"] == "allreduce" or not held:
-                continue
             method, _, sync = c["config"].partition("@")
+            if not held or configuration(method).dense:
+                continue
             if f"{method}|{sync or 'none'}" not in fitted["entries"]:
                 continue
             r = risk(method, c["ranks"], None, sync or "none", map_res["steps"], batch_size=c["batch_size"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
@@ -197,7 +198,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     cache = cache if cache is not None else Cache()
     step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=parse_byte_rate(memory_bandwidth),
                    overlap=overlap, cache=cache)
-    base = simulate_step(cluster, "allreduce", params, None, BASELINE_BUCKET_MB, **step_kw)
+    base = simulate_step(cluster, registry.BASELINE, params, None, BASELINE_BUCKET_MB, **step_kw)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
     order = {m: i for i, m in enumerate(registry.NAMES)}
@@ -289,7 +290,6 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
     """One Candidate per (method, levels, bucket, layout, schedule). Schedules other than every:K cost the
     no-sync step plus their syncs per step times one sync. The planned run's dense steps (the adaptive
     guard's start; the dense warm-up at medium or high risk) cost an allreduce step each."""
-    N, G = cluster.ranks, cluster.gpus_per_node
     groups = [(m, lv, b, lay) for m in space["methods"] for lay in space["layouts"]
               if lay == "flat" or not registry.get(m).dense
               for lv in (space["l1_levels_by_layout"][lay] if registry.get(m).uses_levels else [None])
@@ -299,63 +299,82 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
         from tqdm import tqdm
 
         bar = tqdm(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
-    share: dict = {}
-    rates: dict = {}
-    dense: dict = {}
+    memo = _Memo()
     cands: list[Candidate] = []
     try:
-        for m, lv, b, lay in groups:
-            def sim(k, m=m, lv=lv, b=b, hier=lay == "hierarchical"):
-                return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=hier, **step_kw)
-
-            if b not in dense:  # a dense step: the gradients' allreduce in the same buckets
-                dense[b] = simulate_step(cluster, "allreduce", params, None, b, **step_kw)
-            r0 = sim(None)
-            per_sync = None
-            for s in (["none"] if registry.get(m).dense or N == 1 else space["momentum_syncs"]):
-                rk = _risk(m, lv, s, lay, space, steps, beta2, share, regime)
-                # the dense warm-up the config recommends at this risk (none at low risk, as for allreduce;
-                # the guard's start may run longer)
-                n_dense = dense_warmup_for(rk["level"], steps)
-                if s == "none":
-                    r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
-                elif s.startswith("every:"):
-                    r = sim(int(s.split(":")[1]))
-                    rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
-                else:
-                    if per_sync is None:
-                        r1 = sim(1)
-                        per_sync = (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
-                                    _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
-                    if s.startswith("adaptive"):
-                        n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
-                                                   _credit_bytes(dense[b], lay, G), per_sync[2])
-                    else:
-                        if s not in rates:
-                            rates[s] = len(_sync_steps(s, steps)) / steps
-                        rate = rates[s]
-                    r = r0
-                    extra_t, extra_b = rate * per_sync[0], rate * per_sync[1]
-                step = r.step_seconds + extra_t
-                run_step = (n_dense * dense[b].step_seconds + (steps - n_dense) * step) / steps
-                cands.append(Candidate(
-                    method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
-                    compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds,
-                    optimizer_seconds=r.optimizer_seconds,
-                    communication_seconds=r.communication_seconds + extra_t,
-                    exposed_communication_seconds=r.exposed_communication_seconds + extra_t,
-                    momentum_sync_seconds=r.momentum_sync_seconds + extra_t,
-                    bytes_per_step=r.bytes_sent_per_rank + extra_b,
-                    speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate,
-                    collectives=r.collectives, risk=rk, dense_steps=n_dense,
-                    dense_step_seconds=dense[b].step_seconds if n_dense else 0.0, run_step_seconds=run_step,
-                    run_speedup=base_step / run_step if run_step > 0 else math.inf))
+        for group in groups:
+            cands += _group_candidates(cluster, params, group, space, step_kw, base_step, steps, beta2, regime, memo)
             if bar is not None:
                 bar.update(1)
     finally:
         if bar is not None:
             bar.close()
     return cands
+
+
+@dataclass
+class _Memo:
+    """What the groups of one search share: the risk rule's, the schedules' sync rates, the dense steps."""
+
+    share: dict = field(default_factory=dict)
+    rates: dict = field(default_factory=dict)
+    dense: dict = field(default_factory=dict)  # bucket MiB -> a dense step: the gradients' allreduce in them
+
+
+def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, beta2, regime,
+                      memo: _Memo) -> list[Candidate]:
+    """The candidates of one (method, levels, bucket, layout): one per momentum-sync schedule."""
+    m, lv, b, lay = group
+    G = cluster.gpus_per_node
+
+    def sim(k):
+        return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=lay == "hierarchical", **step_kw)
+
+    if b not in memo.dense:
+        memo.dense[b] = simulate_step(cluster, registry.BASELINE, params, None, b, **step_kw)
+    dense = memo.dense[b]
+    r0 = sim(None)
+
+    @functools.cache
+    def per_sync() -> tuple[float, float, float]:
+        """One sync's seconds, bytes sent and bytes the adaptive guard's credit counts."""
+        r1 = sim(1)
+        return (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
+                _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
+
+    out = []
+    for s in (["none"] if registry.get(m).dense or cluster.ranks == 1 else space["momentum_syncs"]):
+        rk = _risk(m, lv, s, lay, space, steps, beta2, memo.share, regime)
+        # the dense warm-up the config recommends at this risk (none at low risk, as for allreduce; the guard's
+        # start may run longer)
+        n_dense = dense_warmup_for(rk["level"], steps)
+        if s == "none":
+            r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
+        elif s.startswith("every:"):
+            r = sim(int(s.split(":")[1]))
+            rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
+        else:
+            seconds, sent, credit = per_sync()
+            if s.startswith("adaptive"):
+                n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
+                                             _credit_bytes(dense, lay, G), credit)
+            else:
+                if s not in memo.rates:
+                    memo.rates[s] = len(_sync_steps(s, steps)) / steps
+                rate = memo.rates[s]
+            r, extra_t, extra_b = r0, rate * seconds, rate * sent
+        step = r.step_seconds + extra_t
+        run_step = (n_dense * dense.step_seconds + (steps - n_dense) * step) / steps
+        out.append(Candidate(
+            method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
+            compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds, optimizer_seconds=r.optimizer_seconds,
+            communication_seconds=r.communication_seconds + extra_t,
+            exposed_communication_seconds=r.exposed_communication_seconds + extra_t,
+            momentum_sync_seconds=r.momentum_sync_seconds + extra_t, bytes_per_step=r.bytes_sent_per_rank + extra_b,
+            speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate, collectives=r.collectives,
+            risk=rk, dense_steps=n_dense, dense_step_seconds=dense.step_seconds if n_dense else 0.0,
+            run_step_seconds=run_step, run_speedup=base_step / run_step if run_step > 0 else math.inf))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -368,14 +387,14 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
     if not result.ranked:
         return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
     best = result.ranked[0]
-    ar = next((c for c in result.ranked if c.method == "allreduce"), None)
+    ar = next((c for c in result.ranked if c.dense), None)
     notes = []
     if best.layout == "hierarchical" and (flat := result.twin(best, "flat")) is not None:
         notes.append(f"the hierarchical layout (nodes of {result.space['node_size']}) is "
                      f"{flat.step_seconds / best.step_seconds:.2f}x faster than the same configuration flat")
     if result.space.get("ranks") == 1:
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
-    elif best.method == "allreduce":
+    elif best.dense:
         verdict = (f"compression does not pay here: the allreduce baseline is fastest "
                    f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
                    f"the compressed methods' does, and they add codec time). Use allreduce.")

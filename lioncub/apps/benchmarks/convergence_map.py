@@ -18,6 +18,7 @@ import statistics
 import sys
 import time
 
+from lioncub.apps.train.configs import parse as configuration
 from lioncub.apps.tuned_lr import DEFAULT_LR
 
 # The grid, sized for a 2-core machine: char-tiny, 200 steps, block 64 (TrainConfig's defaults otherwise).
@@ -48,6 +49,13 @@ def regime_key(r: dict) -> str:
 def split_config(config: str) -> tuple[str, str]:
     method, _, sync = config.partition("@")
     return method, sync or "none"
+
+
+def is_baseline(config: str) -> bool:
+    """Whether `config` is the map's reference: LionCub's dense method (averaged gradients), without momentum
+    sync."""
+    method, sync = split_config(config)
+    return configuration(method).dense and sync == "none"
 
 
 def runs(configs=CONFIGS, seeds=SEEDS, lr: float | None = None, **grid) -> list[dict]:
@@ -128,7 +136,7 @@ def merge(paths: list[str]) -> dict:
         meta = _setting(d)
         for r in d["runs"]:
             rows[_key(r)] = r
-    base = {(r["ranks"], r["batch_size"], r["lr"], r["seed"]): r for r in rows.values() if r["config"] == "allreduce"}
+    base = {(r["ranks"], r["batch_size"], r["lr"], r["seed"]): r for r in rows.values() if is_baseline(r["config"])}
     cells: dict = {}
     for r in rows.values():
         b = base.get((r["ranks"], r["batch_size"], r["lr"], r["seed"]))

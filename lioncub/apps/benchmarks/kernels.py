@@ -81,29 +81,45 @@ class Timer:
 # --- bytes per parameter --------------------------------------------------------------------------------
 
 
+def lion_traffic(elem_bytes: int) -> dict:
+    """Bytes the plain fused Lion step reads and writes per parameter: p, g, m in, p, m out."""
+    return {"lion_step": 5 * elem_bytes}
+
+
 def step_traffic(method: str, world_size: int, elem_bytes: int, levels: int | None = None) -> dict:
-    """Bytes each kernel of one optimizer step reads and writes per parameter, by design (large buckets),
-    for parameters, gradients and momenta of `elem_bytes` bytes. "lion" is the plain fused step."""
+    """Bytes each kernel of one step of a compressed method reads and writes per parameter, by design (large
+    buckets), for parameters, gradients and momenta of `elem_bytes` bytes."""
     E, N = elem_bytes, world_size
-    if method == "lion":
-        return {"lion_step": 5 * E}
     planes = wire.result_planes(N)
     meth = methods.get(method)
     if meth.codec.kind == "signs":
         code = 1 / 8
-        vote = (1 / 8 + planes / (8 * N)) if method == "vote-1bit" else (N / 8 + planes / 8)
-        return {"prepass": E, "quantize_pack": 3 * E + code, "vote": vote, "unpack_apply": 2 * E + planes / 8}
+        return {"prepass": E, "quantize_pack": 3 * E + code, "vote": _vote_traffic(meth, N, planes),
+                "unpack_apply": 2 * E + planes / 8}
     code = meth.layout(N, levels or 0).bits_per_element / 8
     prepass = 2 * E if meth.codec.l1 else E
     return {"prepass": prepass, "quantize_pack": 3 * E + code, "unpack_apply": 2 * E + code}
 
 
+def _vote_traffic(meth, N: int, planes: int) -> float:
+    """The vote's bytes per parameter: it reads the N rows of packed signs a rank counts (what the method's
+    first collective delivers: its chunk of every rank's signs, or all of them) and writes `planes` bits per
+    element counted."""
+    n = 8 * N * 2**20  # whole chunks: the figures per parameter come out exact
+    colls = meth.collectives(n, N)
+    rows = colls[0].nbytes if colls else n // 8  # one rank counts its own row
+    return rows / n + planes * rows / (N * n)
+
+
 def traffic_table(world_size: int = 8) -> list[dict]:
+    """Bytes per parameter of one step, fp32 and bf16, and against the plain fused Lion step's: that step
+    first, then each compressed method."""
+    steps = {"lion": lion_traffic} | {m: lambda E, m=m: step_traffic(m, world_size, E) for m in methods.COMPRESSED}
     rows = []
-    for method in ("lion",) + tuple(m.name for m in methods.REGISTRY.values() if not m.dense):
+    for method, traffic in steps.items():
         row = {"method": method}
         for name, E in (("fp32", 4), ("bf16", 2)):
-            total = sum(step_traffic(method, world_size, E).values())
+            total = sum(traffic(E).values())
             row[name] = total
             row[f"{name}_x_lion"] = total / (5 * E)
         rows.append(row)

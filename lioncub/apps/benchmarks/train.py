@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import sys
 
+from lioncub import methods
 from lioncub.apps.demo import SCENARIO
-from lioncub.apps.train import DDP_LION
+from lioncub.apps.train.configs import DDP_LION
+from lioncub.apps.train.configs import parse as configuration
 from lioncub.files import check_writable
-from lioncub.methods import NAMES as METHODS
 
-CONFIGS = [(DDP_LION, "none", False)] + [(m, "none", False) for m in METHODS] + [
+CONFIGS = [(DDP_LION.name, "none", False)] + [(m, "none", False) for m in methods.NAMES] + [
     ("vote-1bit", "every:10", False), ("l1-pbit", "every:10", False)]
 HIER = "+hier"  # the configuration suffix of LionCub's hierarchical layout
 CONFIG_SYNTAX = (f"comma-separated method[@sync][{HIER}], e.g. allreduce,vote-1bit@every:10,vote-1bit{HIER}: "
@@ -27,14 +28,15 @@ CONFIG_SYNTAX = (f"comma-separated method[@sync][{HIER}], e.g. allreduce,vote-1b
 
 
 def _configs(spec: str | None) -> list[tuple[str, str, bool]]:
-    """(method, momentum sync, hierarchical) for each item of a `method[@sync][+hier]` list."""
+    """(method, momentum sync, hierarchical) for each item of a `method[@sync][+hier]` list; `method` is a
+    configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here."""
     if not spec:
         return CONFIGS
     out = []
     for item in spec.split(","):
         hier = item.endswith(HIER)
         method, _, sync = item.removesuffix(HIER).partition("@")
-        out.append((method, sync or "none", hier))
+        out.append((configuration(method).name, sync or "none", hier))
     return out
 
 
@@ -57,7 +59,7 @@ def _runs(configs, ddp_hook):
     out = []
     for method, sync, hier in _configs(configs):
         out.append((method, sync, hier, False))
-        if ddp_hook and method != DDP_LION:
+        if ddp_hook and not configuration(method).plain_lion:
             out.append((method, sync, hier, True))
     return out
 
@@ -72,10 +74,11 @@ def _wire_seconds(s: dict, rate: float, wire_eff: float, ranks_per_host: int) ->
 
 def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small", ddp_hook=False,
                 ranks_per_host=1) -> dict:
+    """1. check the rows and measure the compute once (without communication); 2. at each link rate, train
+    every row on one lab; 3. compare each row with the reference row of its rate."""
     from lioncub.apps.calibrate import default_lab_profile
-    from lioncub.apps.lab import Lab, LabError
+    from lioncub.apps.lab import Lab
     from lioncub.apps.lab.lab import ranks_per_host_for
-    from lioncub.apps.train.lab import train_on_lab
     from lioncub.apps.train.loop import measure_compute
     from lioncub.simulator.units import parse_rate
 
@@ -84,57 +87,80 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
     if ranks_per_host == 1 and any(hier for _, _, hier, _ in runs):
         raise ValueError(f"{HIER} needs nodes of several ranks: give --ranks-per-host (e.g. 2)")
     wire_eff = default_lab_profile().wire_efficiency
-    compute = measure_compute(_cfg("allreduce", "none", steps, model), ranks)
+    compute = measure_compute(_cfg(methods.BASELINE, "none", steps, model), ranks)
     results, failed = [], []
     for bw in bandwidths:
         rate = parse_rate(bw)
-        rows = []
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=rate) as lab:
-            for method, sync, hier, hooked in runs:
-                try:
-                    s = train_on_lab(_cfg(method, sync, steps, model, hooked, hier), ranks, rate,
-                                     ranks_per_host=ranks_per_host, progress=sys.stderr.isatty(), lab=lab,
-                                     compute_seconds=compute)
-                except LabError as exc:  # one failed run costs its row, not the whole benchmark
-                    print(f"  {bw} {_label(method, sync, hier)}: FAILED: {exc}", file=sys.stderr, flush=True)
-                    failed.append(dict(bandwidth=bw, method=method, momentum_sync=sync, hierarchical=hier,
-                                       error=str(exc)[:2000]))
-                    continue
-                s.pop("records", None)
-                # the overlap limit: no overheads, every byte at the link's payload rate, all of it hidden
-                # behind the compute if it fits
-                limit = max(compute, s["codec_seconds"] + _wire_seconds(s, rate, wire_eff, ranks_per_host))
-                rows.append(dict(method=method, momentum_sync=sync, hierarchical=hier, ddp_hook=hooked, **{
-                    k: s[k] for k in ("final_loss", "step_seconds", "mean_step_seconds", "compute_seconds",
-                                      "codec_seconds", "comm_seconds", "bytes_per_step", "predicted_step_seconds",
-                                      "params")}, node_bytes_per_step=s.get("node_bytes_per_step", 0),
-                    **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
-                                             "predicted_nic_bytes_per_step")},
-                    limit_seconds=limit))
-                print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
-                      f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}",
-                      file=sys.stderr, flush=True)
-        # the reference: ddp+lion, else LionCub's allreduce, else the first row (e.g. vote-1bit alone against
-        # itself in DDP with --ddp-hook)
-        base = next((r for r in rows if r["method"] == DDP_LION), None) or next(
-            (r for r in rows if r["method"] == "allreduce"), None) or (rows[0] if rows else None)
+            rows = _train_rows(lab, runs, bw, rate, wire_eff, compute, failed, ranks=ranks,
+                               ranks_per_host=ranks_per_host, steps=steps, model=model)
+        base = _reference(rows)
         if base is None:
             continue
-        for r in rows:  # time per step averaged over the run: periodic momentum syncs included
-            r["speedup"] = base["mean_step_seconds"] / r["mean_step_seconds"]
-            r["loss_vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
-            # bytes beyond the rank's own node (the hierarchical layout's node collectives ride NVLink/PCIe)
-            r["bytes_vs_fp32"] = _beyond_node(r) / _beyond_node(base)
-            r["link_vs_baseline"] = (r["link_bytes_per_step"] / base["link_bytes_per_step"]
-                                     if r["link_bytes_per_step"] and base["link_bytes_per_step"] else None)
-            r["prediction_error"] = (r["predicted_step_seconds"] / r["mean_step_seconds"] - 1
-                                     if r["predicted_step_seconds"] else None)
-            r["of_limit"] = r["limit_seconds"] / r["mean_step_seconds"]
+        _compare(rows, base)
         results.append(dict(bandwidth=bw, ranks=ranks, ranks_per_host=ranks_per_host, steps=steps, rows=rows,
                             baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
                             compute_seconds=compute,
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
     return dict(model=model, scenario=SCENARIO, results=results, failed=failed)
+
+
+def _train_rows(lab, runs, bw, rate, wire_eff, compute, failed, *, ranks, ranks_per_host, steps, model) -> list:
+    """Each run's row at one link rate; a run the lab fails is recorded in `failed` and costs only its row."""
+    from lioncub.apps.lab import LabError
+    from lioncub.apps.train.lab import train_on_lab
+
+    rows = []
+    for method, sync, hier, hooked in runs:
+        try:
+            s = train_on_lab(_cfg(method, sync, steps, model, hooked, hier), ranks, rate,
+                             ranks_per_host=ranks_per_host, progress=sys.stderr.isatty(), lab=lab,
+                             compute_seconds=compute)
+        except LabError as exc:
+            print(f"  {bw} {_label(method, sync, hier)}: FAILED: {exc}", file=sys.stderr, flush=True)
+            failed.append(dict(bandwidth=bw, method=method, momentum_sync=sync, hierarchical=hier,
+                               error=str(exc)[:2000]))
+            continue
+        s.pop("records", None)
+        # the overlap limit: no overheads, every byte at the link's payload rate, all of it hidden behind the
+        # compute if it fits
+        limit = max(compute, s["codec_seconds"] + _wire_seconds(s, rate, wire_eff, ranks_per_host))
+        rows.append(dict(method=method, momentum_sync=sync, hierarchical=hier, ddp_hook=hooked, **{
+            k: s[k] for k in ("final_loss", "step_seconds", "mean_step_seconds", "compute_seconds",
+                              "codec_seconds", "comm_seconds", "bytes_per_step", "predicted_step_seconds",
+                              "params")}, node_bytes_per_step=s.get("node_bytes_per_step", 0),
+            **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
+                                     "predicted_nic_bytes_per_step")},
+            limit_seconds=limit))
+        print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
+              f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)
+    return rows
+
+
+def _reference(rows: list) -> dict | None:
+    """The row the others are compared with: what users run today (plain Lion in its wrapper: ddp+lion), else
+    LionCub's dense method (allreduce), else the first row (e.g. vote-1bit alone against itself in DDP with
+    --ddp-hook)."""
+    def rank(item):
+        i, row = item
+        run = configuration(row["method"])
+        return (0 if run.plain_lion else 1 if run.dense else 2, i)
+
+    return min(enumerate(rows), key=rank)[1] if rows else None
+
+
+def _compare(rows: list, base: dict) -> None:
+    """Each row against the reference row, in place."""
+    for r in rows:  # time per step averaged over the run: periodic momentum syncs included
+        r["speedup"] = base["mean_step_seconds"] / r["mean_step_seconds"]
+        r["loss_vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
+        # bytes beyond the rank's own node (the hierarchical layout's node collectives ride NVLink/PCIe)
+        r["bytes_vs_fp32"] = _beyond_node(r) / _beyond_node(base)
+        r["link_vs_baseline"] = (r["link_bytes_per_step"] / base["link_bytes_per_step"]
+                                 if r["link_bytes_per_step"] and base["link_bytes_per_step"] else None)
+        r["prediction_error"] = (r["predicted_step_seconds"] / r["mean_step_seconds"] - 1
+                                 if r["predicted_step_seconds"] else None)
+        r["of_limit"] = r["limit_seconds"] / r["mean_step_seconds"]
 
 
 def _beyond_node(row: dict) -> float:
@@ -190,7 +216,7 @@ def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot
         runs.append(dict(method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
                          curve=[r["loss"] for r in s["records"]]))
         print(f"  {method}@{sync}: eval loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)
-    base = next(r for r in runs if r["method"] == "allreduce")
+    base = next(r for r in runs if configuration(r["method"]).dense)  # LionCub's allreduce
     for r in runs:
         r["vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
     res = dict(model=model, ranks=ranks, steps=steps, scenario=SCENARIO, runs=runs)
@@ -210,8 +236,9 @@ def _plot(res, path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in res["runs"]:
         label = r["method"] + ("" if r["momentum_sync"] == "none" else f" ({r['momentum_sync']})")
+        base = configuration(r["method"]).dense  # the baseline's curve: bold and black
         ax.plot(range(1, len(r["curve"]) + 1), smoothed(r["curve"], 15), label=f"{label}: {r['final_loss']:.3f}",
-                lw=2.5 if r["method"] == "allreduce" else 1.2, color="black" if r["method"] == "allreduce" else None)
+                lw=2.5 if base else 1.2, color="black" if base else None)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (rank 0, smoothed over 15 steps)")
     ax.set_title(f"{res['model']}, {res['ranks']} ranks: every method against the allreduce baseline "

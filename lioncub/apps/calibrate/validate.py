@@ -22,6 +22,7 @@ import threading
 import time
 from datetime import datetime, timezone
 
+from lioncub import methods
 from lioncub.comm.wire import bus_factor
 from lioncub.simulator.collectives import COMPOSITES, composite_collectives
 
@@ -46,11 +47,25 @@ def moved_bytes(op: str, size: int, ranks: int) -> int:
     return sum(c.nbytes for c in composite_collectives(op, size, ranks))
 
 
+def primitives_of(op: str) -> set[str]:
+    """The primitive collectives `op` issues: itself, or a composite's (the dense method, the p-bit methods
+    and the momentum sync all-reduce; the sign votes gather, or exchange and gather)."""
+    if op in PRIMITIVES:
+        return {op}
+    return {c.op for c in composite_collectives(op, 4 * MiB, 2)}
+
+
+def _votes(op: str) -> bool:
+    """Whether `op` runs the vote kernel between its collectives: a method with a sign codec."""
+    method = methods.REGISTRY.get(op)
+    return method is not None and method.codec is not None and method.codec.kind == "signs"
+
+
 def _line_seconds(op: str, size: int, ranks: int, rate: float) -> float:
     moved = moved_bytes(op, size, ranks)
-    # the p-bit methods and momentum sync all-reduce; the sign votes gather or exchange
-    f = bus_factor("allreduce" if op in ("allreduce", "momentum-sync") or op.endswith("pbit") else "allgather", ranks)
-    if op in ("alltoall", "vote-1bit"):
+    ops = primitives_of(op)
+    f = bus_factor("allreduce" if "allreduce" in ops else "allgather", ranks)
+    if "alltoall" in ops:
         f *= 1.7  # Gloo's all-to-all serializes part of its exchanges
     return f * moved / (rate / 8 * 0.95)
 
@@ -268,7 +283,7 @@ def summarize(rows: list[dict]) -> dict:
 def explain(r: dict) -> str:
     """The mechanism behind a large error, from what is known about this lab and Gloo."""
     op, p, spread = r["op"], r["ranks"], r["measured"] / r["min"]
-    if p == 2 and op in ("alltoall", "vote-1bit", "allgather", "vote-allgather"):
+    if p == 2 and primitives_of(op) & {"alltoall", "allgather"}:
         return ("2-rank exchange race: both directions share one TCP connection and Gloo's send waits for the "
                 "peer's ready notice; a rank entering after the other's notice arrived queues its data ahead of "
                 "its own notice, and the two directions take turns (2x for all-to-all, 1.5x for all-gather). "
@@ -280,7 +295,7 @@ def explain(r: dict) -> str:
     if spread > 1.3:
         return (f"noisy: median {spread:.2f}x the fastest call (scheduler ticks of 4 ms and other load on the 2 "
                 "shared cores, or Gloo's handshake race serializing some calls and not others)")
-    if op in ("vote-allgather", "vote-1bit") and r["rel_error"] < 0:
+    if _votes(op) and r["rel_error"] < 0:
         return ("the vote kernel runs on the 2 cores all ranks share: its speed was measured with the calibration's "
                 "4 ranks and a bucket of its size, and it slows further with more ranks and larger buckets")
     if op == "allgather" and r["rel_error"] < 0:

@@ -24,20 +24,31 @@ def register(sub) -> None:
         "run over Gloo/TCP through it. " + NO_NETEM,
     )
     lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run,validate}")
+    for add in (_add_up, _add_down, _add_list, _add_clean, _add_bench, _add_run, _add_validate):
+        add(lsub)
+    p.set_defaults(func=lambda args: p.print_help() or 2)
 
+
+def _add_up(lsub) -> None:
     up = lsub.add_parser("up", help="build a lab that stays up until `lab down`", description=NO_NETEM)
     _topology(up, attach=False)
     up.add_argument("--json", action="store_true", help="print the lab as JSON")
     up.set_defaults(func=_up)
 
+
+def _add_down(lsub) -> None:
     down = lsub.add_parser("down", help="tear down labs made by `lab up`")
     down.add_argument("run_ids", nargs="*", metavar="RUN_ID")
     down.add_argument("--all", action="store_true", help="every lab made by `lab up`")
     down.set_defaults(func=_down)
 
+
+def _add_list(lsub) -> None:
     ls = lsub.add_parser("list", help="list lioncub labs on this machine")
     ls.set_defaults(func=_list)
 
+
+def _add_clean(lsub) -> None:
     clean = lsub.add_parser(
         "clean",
         help="remove what crashed runs left (namespaces named lioncub-*)",
@@ -47,6 +58,8 @@ def register(sub) -> None:
     clean.add_argument("--all", action="store_true", help="also remove live runs and `lab up` labs")
     clean.set_defaults(func=_clean)
 
+
+def _add_bench(lsub) -> None:
     from .probes import DTYPES, OPS
 
     bench = lsub.add_parser(
@@ -68,6 +81,8 @@ def register(sub) -> None:
     bench.add_argument("--json", action="store_true", help="print the measurement as one JSON object")
     bench.set_defaults(func=_bench)
 
+
+def _add_run(lsub) -> None:
     run = lsub.add_parser(
         "run",
         help="run a command once per rank in the lab (torchrun-style environment)",
@@ -82,6 +97,8 @@ def register(sub) -> None:
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
     run.set_defaults(func=_run)
 
+
+def _add_validate(lsub) -> None:
     validate = lsub.add_parser(
         "validate",
         help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
@@ -99,8 +116,6 @@ def register(sub) -> None:
                           "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
     validate.add_argument("--no-progress", action="store_true", help="no progress bar")
     validate.set_defaults(func=_validate)
-
-    p.set_defaults(func=lambda args: p.print_help() or 2)
 
 
 def _topology(p, ranks: bool = True, attach: bool = True) -> None:

@@ -96,7 +96,8 @@ def launch(
     port: int = MASTER_PORT,
     stream_rank0: bool = False,
 ) -> list[RankResult]:
-    """Run `argv` as `ranks` ranks on the lab's first ceil(ranks / ranks_per_host) hosts."""
+    """Run `argv` as `ranks` ranks on the lab's first ceil(ranks / ranks_per_host) hosts: start every rank,
+    wait for all of them (the first failure stops the run), then collect what each left."""
     if ranks < 1 or ranks_per_host < 1:
         raise ValueError("ranks and ranks_per_host must be positive")
     if -(-ranks // ranks_per_host) > len(net.hosts):
@@ -111,52 +112,61 @@ def launch(
         procs: list[subprocess.Popen] = []
         try:
             for rank in range(ranks):
-                host = net.hosts[rank // ranks_per_host]
-                renv = dict(os.environ)
-                renv.update(env or {})
-                renv.update(
-                    RANK=str(rank),
-                    WORLD_SIZE=str(ranks),
-                    LOCAL_RANK=str(rank % ranks_per_host),
-                    LOCAL_WORLD_SIZE=str(ranks_per_host),
-                    GROUP_RANK=str(host.index),
-                    MASTER_ADDR=net.hosts[0].addr,
-                    MASTER_PORT=str(port),
-                    GLOO_SOCKET_IFNAME=host.ifname,
-                    LIONCUB_LAB_RUN=net.run_id,
-                    LIONCUB_LAB_RESULT=str(logs / f"result{rank}.json"),
-                )
-                renv.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's few cores
+                renv = _rank_env(net, rank, ranks, ranks_per_host, env, port, logs)
                 quiet = rank > 0 or not stream_rank0
-                with open(logs / f"out{rank}", "w") as out, open(logs / f"err{rank}", "w") as err:
-                    procs.append(
-                        subprocess.Popen(
-                            ["ip", "netns", "exec", host.netns, *argv],
-                            env=renv,
-                            stdin=subprocess.DEVNULL,
-                            stdout=out if quiet else None,
-                            stderr=err if quiet else None,
-                            start_new_session=True,  # the whole rank, children included, can be killed
-                            preexec_fn=_die_with_parent,
-                        )
-                    )
+                procs.append(_start_rank(net.hosts[rank // ranks_per_host], argv, renv, logs, rank, quiet))
             _wait(procs, logs, ranks_per_host, timeout)
         finally:
             _kill_all(procs)
-        results = []
-        for rank, proc in enumerate(procs):
-            out = logs / f"result{rank}.json"
-            results.append(
-                RankResult(
-                    rank,
-                    rank // ranks_per_host,
-                    proc.returncode,
-                    _tail(logs / f"out{rank}", 1 << 20),
-                    _tail(logs / f"err{rank}", 1 << 20),
-                    json.loads(out.read_text()) if out.exists() else None,
-                )
-            )
-        return results
+        return [_result(logs, rank, rank // ranks_per_host, proc.returncode) for rank, proc in enumerate(procs)]
+
+
+def _rank_env(net: Network, rank: int, ranks: int, ranks_per_host: int, env, port: int, logs: Path) -> dict:
+    """The environment of one rank: ours, `env`, and the torchrun-style variables of its place in the lab."""
+    host = net.hosts[rank // ranks_per_host]
+    renv = dict(os.environ)
+    renv.update(env or {})
+    renv.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(ranks),
+        LOCAL_RANK=str(rank % ranks_per_host),
+        LOCAL_WORLD_SIZE=str(ranks_per_host),
+        GROUP_RANK=str(host.index),
+        MASTER_ADDR=net.hosts[0].addr,
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME=host.ifname,
+        LIONCUB_LAB_RUN=net.run_id,
+        LIONCUB_LAB_RESULT=str(logs / f"result{rank}.json"),
+    )
+    renv.setdefault("OMP_NUM_THREADS", "1")  # ranks share the machine's few cores
+    return renv
+
+
+def _start_rank(host, argv: list[str], renv: dict, logs: Path, rank: int, quiet: bool) -> subprocess.Popen:
+    """One rank inside its host's namespace; unless `quiet`, its output goes to our terminal."""
+    with open(logs / f"out{rank}", "w") as out, open(logs / f"err{rank}", "w") as err:
+        return subprocess.Popen(
+            ["ip", "netns", "exec", host.netns, *argv],
+            env=renv,
+            stdin=subprocess.DEVNULL,
+            stdout=out if quiet else None,
+            stderr=err if quiet else None,
+            start_new_session=True,  # the whole rank, children included, can be killed
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _result(logs: Path, rank: int, host: int, returncode: int) -> RankResult:
+    """What a finished rank left: its exit status, the tails of its output and the result it reported."""
+    out = logs / f"result{rank}.json"
+    return RankResult(
+        rank,
+        host,
+        returncode,
+        _tail(logs / f"out{rank}", 1 << 20),
+        _tail(logs / f"err{rank}", 1 << 20),
+        json.loads(out.read_text()) if out.exists() else None,
+    )
 
 
 def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
-from lioncub.apps.train import DDP_LION
+from lioncub.apps.train import configs
 from lioncub.files import check_writable, read_json
-from lioncub.methods import NAMES as METHODS
 
 MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
 
@@ -19,8 +18,8 @@ def register(sub) -> None:
                                    "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
     p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")
     p.add_argument("--model", choices=MODEL_CHOICES)
-    p.add_argument("--method", choices=METHODS + (DDP_LION,),
-                   help=f"a LionCub method, or {DDP_LION} (torch DDP + plain Lion, the usual baseline)")
+    p.add_argument("--method", choices=configs.NAMES,
+                   help=f"a LionCub method, or {configs.DDP_LION.name} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
     p.add_argument("--momentum-sync", dest="momentum_sync",
                    help="none, K, every:K, first:K:M, geometric:K or adaptive[:T[:B[:S]]] (the guard: S dense "

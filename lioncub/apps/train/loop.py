@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lioncub import methods
-from lioncub.apps.train import DDP_LION
+from lioncub.apps.train import configs
 from lioncub.apps.train.data import Blobs, CharText
 from lioncub.apps.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.apps.tuned_lr import DEFAULT_LR
@@ -27,13 +26,12 @@ from lioncub.optim import LionCub, schedules
 from lioncub.optim.lion import Lion
 
 MODELS = tuple(PRESETS) + ("mlp",)
-METHODS = methods.NAMES + (DDP_LION,)
 
 
 @dataclass
 class TrainConfig:
     model: str = "char-tiny"
-    method: str = "l1-pbit"
+    method: str = "l1-pbit"  # a configuration (lioncub.apps.train.configs): a LionCub method, or ddp+lion
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
@@ -63,8 +61,7 @@ class TrainConfig:
     def __post_init__(self):
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; choose one of {', '.join(MODELS)}")
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose one of {', '.join(METHODS)}")
+        run = self.configuration  # raises for a name that is not a configuration
         if self.lr is None:
             self.lr = DEFAULT_LR[self.model]
         if not self.lr > 0:
@@ -72,12 +69,17 @@ class TrainConfig:
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2 or self.warmup < 0:
             raise ValueError("steps and batch_size must be >= 1, block_size >= 2 and warmup >= 0")
         schedules.parse(self.momentum_sync)  # validate early
-        if self.dense_warmup < 0 or (self.dense_warmup and self.method == DDP_LION):
-            raise ValueError(f"dense_warmup must be >= 0 and applies to LionCub's methods, not {DDP_LION}")
-        if self.hierarchical and self.method in (DDP_LION, "allreduce"):
+        if self.dense_warmup < 0 or (self.dense_warmup and run.plain_lion):
+            raise ValueError("dense_warmup must be >= 0 and applies to LionCub's methods, not "
+                             + ", ".join(c.name for c in configs.CONFIGURATIONS if c.plain_lion))
+        if self.hierarchical and not run.compressed:
             raise ValueError("hierarchical applies to the compressed methods")
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
+
+    @property
+    def configuration(self) -> configs.Configuration:
+        return configs.parse(self.method)
 
     @classmethod
     def from_dict(cls, d: dict) -> TrainConfig:
@@ -162,7 +164,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     model.to(cfg.device)
     broadcast_parameters(model)
     opt, net = make_optimizer(cfg, model), model
-    if (cfg.method == DDP_LION or cfg.ddp_hook) and dist.is_initialized():
+    if (cfg.configuration.wrapper.torch_ddp or cfg.ddp_hook) and dist.is_initialized():
         net = torch.nn.parallel.DistributedDataParallel(model)
         if cfg.ddp_hook:
             from lioncub.integrations.ddp import attach_ddp
@@ -212,7 +214,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
 
 
 def make_optimizer(cfg: TrainConfig, model):
-    if cfg.method == DDP_LION:
+    if cfg.configuration.plain_lion:
         return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
                    method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),

@@ -3,6 +3,7 @@ as `predicted_step_seconds`)."""
 
 from __future__ import annotations
 
+from lioncub import methods
 from lioncub.optim import schedules
 from lioncub.simulator.step import DDP_BUCKET_MB
 
@@ -20,7 +21,6 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     over links of `bandwidth`, with the lab's calibrated Gloo profile by default. The ddp+lion baseline is the
     allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes;
     raises NotImplementedError where the simulator cannot model the run (then there is no prediction)."""
-    from lioncub.apps.train import DDP_LION
     from lioncub.simulator import Cluster, simulate_step
 
     layout = {}
@@ -37,9 +37,14 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     cluster = Cluster.for_ranks(ranks, ranks_per_host, bandwidth=bandwidth, latency=latency)
     from lioncub.comm.wire import auto_bucket_mb
 
-    ddp = cfg.method == DDP_LION
-    bucket_mb = DDP_BUCKET_MB if ddp else cfg.bucket_mb or auto_bucket_mb(4 * params)
-    return simulate_step(cluster, "allreduce" if ddp else cfg.method, params,
-                         None if ddp else momentum_interval(cfg.momentum_sync, cfg.steps), bucket_mb,
-                         compute_seconds, backend=profile, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype,
-                         overlap=ddp or cfg.overlap, **layout)
+    run = cfg.configuration
+    if run.plain_lion:  # the wrapper communicates
+        if not run.wrapper.torch_ddp:
+            raise NotImplementedError(f"the simulator does not model {run.wrapper.name}'s communication")
+        # torch DDP all-reduces the fp32 gradients in its buckets during backward
+        method, bucket_mb, interval, overlap = methods.BASELINE, DDP_BUCKET_MB, None, True
+    else:
+        method, bucket_mb = cfg.method, cfg.bucket_mb or auto_bucket_mb(4 * params)
+        interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
+    return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
+                         levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype, overlap=overlap, **layout)

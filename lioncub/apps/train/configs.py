@@ -1,0 +1,86 @@
+"""Training configurations: how the model is wrapped (and so who communicates), and the optimizer.
+
+A configuration is what `lioncub train --method` takes and what the benches and the demo compare, spelled
+
+* `<method>`, a LionCub method ("vote-1bit", "allreduce", ...): the model as it is, LionCub does all the
+  communication;
+* `<wrapper>+lion` ("ddp+lion"): the model in a torch wrapper that communicates the gradients itself, plain
+  Lion on every rank: what users run today, the baseline of the benches.
+
+`parse` turns the string into a `Configuration`; code asks its capabilities, never the string. A new wrapper
+(e.g. FSDP2's HSDP, for "hsdp+lion" and "hsdp+<method>") is one more `Wrapper` and its spellings in
+`CONFIGURATIONS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lioncub import methods
+
+LION = "lion"  # the optimizer part of "<wrapper>+lion": plain Lion on every rank, the wrapper communicates
+
+
+@dataclass(frozen=True)
+class Wrapper:
+    """What the model runs in. torch_ddp: torch's DistributedDataParallel, which all-reduces the fp32
+    gradients during backward (or, with a LionCub method attached by lioncub.attach_ddp, sends nothing)."""
+
+    name: str
+    summary: str
+    torch_ddp: bool = False
+
+
+LIONCUB = Wrapper("lioncub", "the model as it is; LionCub does all the communication")
+DDP = Wrapper("ddp", "the model in torch DDP (fp32 gradients all-reduced in backward)", torch_ddp=True)
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A wrapper and an optimizer: LionCub with `method`, or plain Lion (method None)."""
+
+    wrapper: Wrapper
+    method: methods.Method | None
+
+    @property
+    def name(self) -> str:
+        """What users type: the method's name alone for LionCub's own communication, else <wrapper>+<optimizer>."""
+        optimizer = self.method.name if self.method is not None else LION
+        return optimizer if self.wrapper is LIONCUB else f"{self.wrapper.name}+{optimizer}"
+
+    @property
+    def plain_lion(self) -> bool:
+        """Plain Lion on every rank: the wrapper communicates, LionCub is not used (no dense warm-up, no stats)."""
+        return self.method is None
+
+    @property
+    def dense(self) -> bool:
+        """LionCub's dense method (Method.dense, methods.BASELINE): averaged gradients, no codec."""
+        return self.method is not None and self.method.dense
+
+    @property
+    def compressed(self) -> bool:
+        """A LionCub method with a codec: what momentum sync and the hierarchical layout apply to."""
+        return self.method is not None and not self.method.dense
+
+    @property
+    def uses_levels(self) -> bool:
+        """The method quantizes to L1 levels (l1-pbit): `levels` applies."""
+        return self.method is not None and self.method.uses_levels
+
+
+CONFIGURATIONS: tuple[Configuration, ...] = (
+    *(Configuration(LIONCUB, m) for m in methods.REGISTRY.values()),
+    Configuration(DDP, None),
+)
+BY_NAME: dict[str, Configuration] = {c.name: c for c in CONFIGURATIONS}
+NAMES: tuple[str, ...] = tuple(BY_NAME)  # the methods, then ddp+lion (--method's choices, in this order)
+DDP_LION = BY_NAME[f"{DDP.name}+{LION}"]  # the baseline users run today
+
+
+def parse(text: str) -> Configuration:
+    """The configuration `text` names; a one-line ValueError listing the choices for anything else."""
+    try:
+        return BY_NAME[text]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown method {text!r}; choose one of {', '.join(NAMES)}") from None
