@@ -163,7 +163,8 @@ def nonfinite_on_one_rank(rank, world_size, G, bad_rank):
         m_before = torch.cat([b.m.float() for b in opt.engine.buckets])
         opt.step()
         out.append(dict(changed=not torch.equal(before, dist_cases.flat(params)),
-                        momenta_changed=not torch.equal(m_before, torch.cat([b.m.float() for b in opt.engine.buckets]))))
+                        momenta_changed=not torch.equal(m_before,
+                                                        torch.cat([b.m.float() for b in opt.engine.buckets]))))
     return dict(steps=out, skipped=opt.stats.skipped_steps)
 
 

@@ -64,25 +64,23 @@ def long_functions() -> list[str]:
 
 
 METHOD_NAMES = set(methods.NAMES) | {"ddp+lion"}
+NAME_CONSTANTS = {"BASELINE", "DEFAULT", "DDP_LION"}  # the registry's (and the configurations') name constants
 
 
 def _names_a_method(node) -> bool:
-    if isinstance(node, ast.Constant) and node.value in METHOD_NAMES:
-        return True
+    """A method's name: a literal one (or a tuple of them), or a constant that holds one."""
+    if isinstance(node, ast.Constant):
+        return node.value in METHOD_NAMES
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return any(_names_a_method(e) for e in node.elts)
     leaf = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
-        leaf = node.slice.value
-    return isinstance(leaf, str) and leaf.lower() in ("method", "config", "ddp_lion", "baseline")
+    return leaf in NAME_CONSTANTS
 
 
 def _is_collective_op(node) -> bool:
     """A collective's op ("allreduce", "allgather", ...: the baseline method shares the all-reduce's name)."""
-    if isinstance(node, ast.Tuple):
-        return any(_is_collective_op(e) for e in node.elts)
-    leaf = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-    return leaf == "op"
+    return any(isinstance(n, (ast.Name, ast.Attribute)) and (n.attr if isinstance(n, ast.Attribute) else n.id)
+               in ("op", "ops") for n in ast.walk(node))
 
 
 def name_branches() -> list[str]:
@@ -122,9 +120,12 @@ def test_method_names_stay_in_the_registry():
 
 
 def test_the_scanners_find_what_they_look_for():
-    tree = ast.parse("a = opt._buckets\nb = self._x\nif cfg.method == 'allreduce': pass\nif x in ('vote-1bit',): pass")
+    tree = ast.parse("a = opt._buckets\nb = self._x\nif cfg.method == 'allreduce': pass\n"
+                     "if x in ('vote-1bit',): pass\nif m == methods.BASELINE: pass\nif op == 'allreduce': pass")
     attrs = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr.startswith("_")]
     assert [ast.unparse(a) for a in attrs if not (isinstance(a.value, ast.Name) and a.value.id == "self")] == [
         "opt._buckets"]
     compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
-    assert all(any(_names_a_method(x) for x in [c.left, *c.comparators]) for c in compares)
+    found = [any(_names_a_method(x) for x in [c.left, *c.comparators])
+             and not any(_is_collective_op(x) for x in [c.left, *c.comparators]) for c in compares]
+    assert found == [True, True, True, False]

@@ -159,7 +159,8 @@ def test_state_dict_round_trip_resumes_exactly():
     assert opt_c.engine.steps == 6
     # momentum is still a view into the flat buffer after loading
     p0 = next(c.parameters())
-    assert opt_c.state[p0]["exp_avg"].untyped_storage().data_ptr() == opt_c.engine.buckets[0].m.untyped_storage().data_ptr()
+    bucket = opt_c.engine.buckets[0]
+    assert opt_c.state[p0]["exp_avg"].untyped_storage().data_ptr() == bucket.m.untyped_storage().data_ptr()
 
 
 def test_schedules():

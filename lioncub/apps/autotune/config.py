@@ -20,8 +20,11 @@ def collective_section(c: Candidate, backend: str) -> dict:
     """The collective choices behind the prediction, and what (if anything) to set to get them."""
     bulk, control = set(), set()  # allreduce algorithms of the gradient/vote/sync allreduces; of the control
     for x in c.collectives:
-        algs = {part.split(":")[-1] for part in x["algorithm"].split("+")
-                if part.split(":")[0] == "allreduce" or ":" not in part}
+        algs = set()  # x["algorithm"]: "alg" or "op:alg+op:alg" (a composite's collectives)
+        for part in x["algorithm"].split("+"):
+            op, _, alg = part.rpartition(":")
+            if op in ("allreduce", ""):
+                algs.add(alg)
         if x["what"] == "control allreduce":
             control |= algs
         elif _bulk_allreduce(x["what"]):
