@@ -22,6 +22,9 @@ COMMANDS = {
     "bench": ("lioncub.apps.benchmarks.cli", "benchmarks (speed and memory targets)"),
     "demo": ("lioncub.apps.demo", "simulate, autotune and train the default scenario (make demo)"),
 }
+# command -> the (module, function) that add subcommands to it from a package above it: `lab validate` is
+# calibration's, and the lab never imports calibration
+EXTENSIONS = {"lab": [("lioncub.apps.calibrate.cli", "register_lab_validate")]}
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -33,7 +36,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_) in COMMANDS.items():
         if name == command:
-            importlib.import_module(module).register(sub)
+            subcommands = importlib.import_module(module).register(sub)
+            for ext_module, fn in EXTENSIONS.get(name, ()):
+                getattr(importlib.import_module(ext_module), fn)(subcommands)
         else:
             sub.add_parser(name, help=help_, add_help=False)
     return parser

@@ -779,7 +779,7 @@ def step_ranks(ctx: Ctx) -> None:
     from gpu_check import ranks_body  # by its module name, not __main__'s, for the spawned ranks
 
     from lioncub import methods
-    from lioncub.comm.distributed import spawn
+    from lioncub.comm.spawn import spawn
     names = list(methods.NAMES)
     r, rc = ctx.result, ctx.cfg["ranks"]
     cfg = dict(device=ctx.device, backends=["triton", "torch"], methods=names, steps=rc["steps"],

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lioncub.comm import wire
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 from lioncub.methods import get
 from lioncub.optim import agreement, schedules
 

@@ -6,7 +6,7 @@ import pytest
 import safe_cases
 import torch
 
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 def _check_overflow_skipped_everywhere(reports, methods, overlapped=2):

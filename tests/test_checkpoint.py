@@ -8,7 +8,7 @@ import safe_cases
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 from lioncub.integrations import checkpoint
 
 

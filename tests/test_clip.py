@@ -7,7 +7,7 @@ import safe_cases
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 @pytest.mark.parametrize("method,world_size,warmup", [("vote-1bit", 2, 0), ("allreduce", 2, 0), ("l1-pbit", 3, 0),

@@ -5,7 +5,7 @@ import dist_cases
 import pytest
 import torch
 
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 DDP_OPTIONS = {
     "defaults": {},

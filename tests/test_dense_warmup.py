@@ -10,7 +10,7 @@ import safe_cases
 
 from lioncub import LionCub
 from lioncub.apps.train.loop import TrainConfig
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 @pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])

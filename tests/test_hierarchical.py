@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 @pytest.mark.parametrize("world_size,G,overlap", [(4, 2, True), (6, 2, False), (8, 4, True), (6, 3, True),

@@ -526,7 +526,7 @@ def lockstep_backends(rank, world_size, methods, steps):
 
 @pytest.mark.parametrize("world_size", [2, 3, 4])
 def test_optimizer_triton_equals_torch_on_ranks(T, world_size):
-    from lioncub.comm.distributed import spawn
+    from lioncub.comm.spawn import spawn
 
     methods = {2: ["vote-1bit", "vote-allgather", "vote-pbit", "avg-pbit", "l1-pbit"],
                3: ["vote-1bit", "vote-pbit", "l1-pbit"], 4: ["vote-1bit", "vote-allgather", "avg-pbit", "l1-pbit"]}[

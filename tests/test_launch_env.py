@@ -7,7 +7,8 @@ import queue as queue_mod
 import pytest
 import safe_cases
 
-from lioncub.comm.distributed import DEFAULT_PORT, LaunchEnv, LaunchError, expand_hostlist, free_port, launch_env
+from lioncub.comm.distributed import free_port
+from lioncub.comm.launch import DEFAULT_PORT, LaunchEnv, LaunchError, expand_hostlist, launch_env
 
 SLURM = dict(SLURM_PROCID="3", SLURM_NTASKS="8", SLURM_LOCALID="1", SLURM_JOB_ID="4242",
              SLURM_JOB_NODELIST="gpu[07-10]", SLURM_STEP_NODELIST="gpu[08-09]", SLURM_STEP_NUM_TASKS="4")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 @pytest.mark.parametrize("method, overlap", [("vote-1bit", True), ("l1-pbit", False), ("allreduce", True)])

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 from lioncub.methods import NAMES as METHODS
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lioncub import LionCub
-from lioncub.comm.distributed import spawn
+from lioncub.comm.spawn import spawn
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5, 8])

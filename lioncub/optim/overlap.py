@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from lioncub.comm.distributed import at_finish
 from lioncub.optim.passes import ExchangePass
 
 _FLUSH, _STOP = "flush", "stop"
@@ -44,6 +45,7 @@ def shutdown(timeout: float = 5.0) -> None:
 
 
 atexit.register(shutdown)
+at_finish(shutdown)
 
 
 @dataclass(eq=False)

@@ -135,7 +135,7 @@ def _single_process(shapes, steps):
 
 
 def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, public=True) -> dict:
-    from lioncub.comm.distributed import spawn
+    from lioncub.comm.spawn import spawn
 
     methods = list(methods or METHODS)
     shapes = transformer_shapes(params)

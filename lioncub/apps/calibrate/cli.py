@@ -1,4 +1,4 @@
-"""`lioncub calibrate` (and the command side of `lioncub lab validate`, which the lab CLI registers)."""
+"""`lioncub calibrate`, and `lioncub lab validate` (which `lioncub.cli` adds to the lab's subcommands)."""
 
 from __future__ import annotations
 
@@ -140,7 +140,30 @@ def _print_summary(s: dict) -> None:
               f"({r['statistic']})  predicted {format_time(r['predicted']):>9}  {100 * r['rel_error']:+6.1f}%")
 
 
-# ---- `lioncub lab validate` (registered by the lab's CLI) ------------------------------------------------
+# ---- `lioncub lab validate` ---------------------------------------------------------------------------
+def register_lab_validate(lsub) -> None:
+    """`lioncub lab validate`, among the lab's subcommands `lsub`."""
+    from lioncub.apps.lab.cli import guard
+
+    validate = lsub.add_parser(
+        "validate",
+        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
+        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
+        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
+        "from the calibration, and write the table of predicted against measured with the median and "
+        "worst error. Needs root; about 8 minutes (--quick: about 3).",
+    )
+    validate.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
+    validate.add_argument("--json", default=None, metavar="FILE",
+                          help="also write every measurement and prediction")
+    validate.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
+    validate.add_argument("--save-profile", default=None, metavar="FILE",
+                          help="also write the calibrated profile (and FILE.meta.json, its provenance); "
+                          "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
+    validate.add_argument("--no-progress", action="store_true", help="no progress bar")
+    validate.set_defaults(func=guard(validate))
+
+
 def validate(args) -> int:
     from .validate import run, summary_line
 

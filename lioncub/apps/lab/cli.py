@@ -1,6 +1,6 @@
 """`lioncub lab {up,down,list,clean,bench,run,validate}`. Imports stay light: torch loads only in the ranks.
 
-`lab validate` is registered here and implemented by lioncub.apps.calibrate (imported only when it runs).
+`lab validate` belongs to lioncub.apps.calibrate, which uses the lab: the `lioncub` command adds it here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ NO_NETEM = (
 )
 
 
-def register(sub) -> None:
+def register(sub):
+    """Register `lioncub lab`; returns its subcommands, which `lioncub.cli` extends with `lab validate`."""
     p = sub.add_parser(
         "lab",
         help="emulated Ethernet cluster on this machine (network namespaces + tbf)",
@@ -24,9 +25,10 @@ def register(sub) -> None:
         "run over Gloo/TCP through it. " + NO_NETEM,
     )
     lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run,validate}")
-    for add in (_add_up, _add_down, _add_list, _add_clean, _add_bench, _add_run, _add_validate):
+    for add in (_add_up, _add_down, _add_list, _add_clean, _add_bench, _add_run):
         add(lsub)
     p.set_defaults(func=lambda args: p.print_help() or 2)
+    return lsub
 
 
 def _add_up(lsub) -> None:
@@ -98,26 +100,6 @@ def _add_run(lsub) -> None:
     run.set_defaults(func=_run)
 
 
-def _add_validate(lsub) -> None:
-    validate = lsub.add_parser(
-        "validate",
-        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
-        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
-        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
-        "from the calibration, and write the table of predicted against measured with the median and "
-        "worst error. Needs root; about 8 minutes (--quick: about 3).",
-    )
-    validate.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
-    validate.add_argument("--json", default=None, metavar="FILE",
-                          help="also write every measurement and prediction")
-    validate.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
-    validate.add_argument("--save-profile", default=None, metavar="FILE",
-                          help="also write the calibrated profile (and FILE.meta.json, its provenance); "
-                          "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
-    validate.add_argument("--no-progress", action="store_true", help="no progress bar")
-    validate.set_defaults(func=_validate)
-
-
 def _topology(p, ranks: bool = True, attach: bool = True) -> None:
     if ranks:
         p.add_argument("--ranks", type=int, default=None, help="hosts = ranks / ranks-per-host")
@@ -139,7 +121,7 @@ def _topology(p, ranks: bool = True, attach: bool = True) -> None:
         )
 
 
-def _guard(fn):
+def guard(fn):
     """Fail at once without privileges; report lab failures as one clear line, exit status 1."""
 
     def wrapped(args):
@@ -171,7 +153,7 @@ def _hosts(args, ranks: int | None) -> tuple[int, int]:
     return ranks // rph, rph
 
 
-@_guard
+@guard
 def _up(args) -> int:
     from lioncub.simulator.units import parse_rate, parse_time
 
@@ -190,7 +172,7 @@ def _up(args) -> int:
     return 0
 
 
-@_guard
+@guard
 def _down(args) -> int:
     from . import netns
 
@@ -209,7 +191,7 @@ def _down(args) -> int:
     return 0
 
 
-@_guard
+@guard
 def _list(args) -> int:
     from . import netns
 
@@ -221,7 +203,7 @@ def _list(args) -> int:
     return 0
 
 
-@_guard
+@guard
 def _clean(args) -> int:
     from . import netns
 
@@ -233,7 +215,7 @@ def _clean(args) -> int:
     return 0
 
 
-@_guard
+@guard
 def _bench(args) -> int:
     from .lab import Lab, ranks_per_host_for
     from .probes import bench_many, normalize
@@ -254,7 +236,7 @@ def _bench(args) -> int:
     return 0
 
 
-@_guard
+@guard
 def _run(args) -> int:
     from .lab import Lab
 
@@ -270,10 +252,3 @@ def _run(args) -> int:
     if args.json:
         print(json.dumps([r.result for r in results]))
     return 0
-
-
-@_guard
-def _validate(args) -> int:
-    from lioncub.apps.calibrate.cli import validate  # lazily: the lab package itself never imports calibrate
-
-    return validate(args)

@@ -79,7 +79,7 @@ def config_from_args(args):
 
 def _launched() -> bool:
     """Whether a launcher (torchrun, SLURM's srun, mpirun) started this process as one rank of several."""
-    from lioncub.comm.distributed import launch_env
+    from lioncub.comm.launch import launch_env
 
     where = launch_env()
     return where is not None and (where.launcher == "torchrun" or where.world_size > 1)

@@ -279,7 +279,7 @@ def _spawned(rank, world_size, cfg_dict, progress):
 
 def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: float = 3600) -> dict:
     """Train on `ranks` local Gloo processes (or in this process for ranks == 1); rank 0's summary."""
-    from lioncub.comm.distributed import spawn
+    from lioncub.comm.spawn import spawn
 
     if ranks == 1 and not dist.is_initialized():
         return train(cfg, progress=progress)
@@ -308,6 +308,6 @@ def _compute_probe(rank, world_size, cfg_dict, steps):
 def measure_compute(cfg: TrainConfig, ranks: int, steps: int = 5) -> float:
     """Forward + backward seconds per step with `ranks` processes computing at once on this machine (no
     communication): the compute time the simulator needs to predict a step before training."""
-    from lioncub.comm.distributed import spawn
+    from lioncub.comm.spawn import spawn
 
     return statistics.fmean(spawn(_compute_probe, ranks, dataclasses.asdict(cfg), steps, timeout=600))

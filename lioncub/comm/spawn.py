@@ -1,0 +1,101 @@
+"""Local Gloo ranks for tests and benchmarks: run a function on N processes of this machine and collect what
+each returns."""
+
+from __future__ import annotations
+
+import datetime
+import io
+import os
+import traceback
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+
+from lioncub.comm.distributed import free_port
+
+
+def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env):
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    torch.set_num_threads(threads)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=timeout))
+        result = fn(rank, world_size, *args)
+        # tensors go back as bytes: torch's shared-memory pickling needs the sender alive
+        buf = io.BytesIO()
+        torch.save(result, buf)
+        queue.put((rank, True, buf.getvalue()))
+    except BaseException:
+        queue.put((rank, False, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class SpawnError(RuntimeError):
+    pass
+
+
+def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
+          threads: int | None = None, allow_failures: bool = False, env: dict | None = None) -> list:
+    """Run fn(rank, world_size, *args) on `world_size` local Gloo ranks; return their results by rank.
+
+    Processes come from a forkserver that has torch imported already, so each rank starts in a fraction
+    of a second. If a rank raises or dies, the others are stopped and SpawnError carries its traceback;
+    with allow_failures=True the others run on, and a rank that failed, died or did not finish within
+    `timeout` gets None. fn must be importable (defined at module level). The ranks fork from a server
+    started once per parent process, so pass environment variables they need (LIONCUB_KERNELS, ...)
+    in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
+    """
+    import multiprocessing as mp
+    import queue as queue_mod
+    import time
+
+    ctx = mp.get_context("forkserver")
+    # torch.optim imports torch._dynamo on first use (1-2 s): preload it once in the server
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "lioncub.optim.optimizer"])
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // world_size)
+    if env is None:
+        env = {k: v for k, v in os.environ.items() if k.startswith(("LIONCUB_", "TRITON_"))}
+    port = free_port()
+    results_q = ctx.Queue()
+    procs = [ctx.Process(target=_worker, daemon=True,
+                         args=(r, world_size, port, fn, args, pg_timeout, threads, results_q, env))
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    results, failed, deadline = {}, set(), time.monotonic() + timeout
+    try:
+        while len(results) + len(failed) < world_size:
+            try:
+                rank, ok, payload = results_q.get(timeout=0.2)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if r not in results and r not in failed and p.exitcode not in (None, 0)]
+                if dead and not allow_failures:
+                    raise SpawnError(f"rank(s) {dead} died (exit codes "
+                                     f"{[procs[r].exitcode for r in dead]}) without a result") from None
+                failed.update(dead)
+                if time.monotonic() > deadline:
+                    if allow_failures:
+                        break
+                    raise SpawnError(f"ranks {sorted(set(range(world_size)) - set(results))} did not "
+                                     f"finish within {timeout:.0f}s") from None
+                continue
+            if not ok:
+                if not allow_failures:
+                    raise SpawnError(f"rank {rank} failed:\n{payload}")
+                failed.add(rank)
+                continue
+            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+    finally:
+        for p in procs:
+            p.join(timeout=5 if len(results) == world_size else 0.1)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return [results.get(r) for r in range(world_size)]
