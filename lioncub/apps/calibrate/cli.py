@@ -145,7 +145,7 @@ def register_lab_validate(lsub) -> None:
     """`lioncub lab validate`, among the lab's subcommands `lsub`."""
     from lioncub.apps.lab.cli import guard
 
-    validate = lsub.add_parser(
+    parser = lsub.add_parser(
         "validate",
         help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
         description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
@@ -153,15 +153,15 @@ def register_lab_validate(lsub) -> None:
         "from the calibration, and write the table of predicted against measured with the median and "
         "worst error. Needs root; about 8 minutes (--quick: about 3).",
     )
-    validate.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
-    validate.add_argument("--json", default=None, metavar="FILE",
+    parser.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
+    parser.add_argument("--json", default=None, metavar="FILE",
                           help="also write every measurement and prediction")
-    validate.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
-    validate.add_argument("--save-profile", default=None, metavar="FILE",
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
+    parser.add_argument("--save-profile", default=None, metavar="FILE",
                           help="also write the calibrated profile (and FILE.meta.json, its provenance); "
                           "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
-    validate.add_argument("--no-progress", action="store_true", help="no progress bar")
-    validate.set_defaults(func=guard(validate))
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=guard(validate))
 
 
 def validate(args) -> int:
