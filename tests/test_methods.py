@@ -102,3 +102,38 @@ def test_the_arithmetic_imports_no_torch():
     code = ("import sys, lioncub.methods as m; [x.collectives(1000, 4) for x in m.REGISTRY.values()]; "
             "assert 'torch' not in sys.modules, sorted(k for k in sys.modules if 'torch' in k)[:5]")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+ADD_A_METHOD = r"""
+import contextlib, io, json
+import toy_method
+toy_method.register()  # what the module's line in lioncub.methods._MODULES does
+from lioncub.simulator import Cluster, simulate_step
+from lioncub.simulator.profiles import BackendProfile
+from lioncub.apps import autotune
+from lioncub.cli import main
+
+cluster = Cluster.for_ranks(8, bandwidth="1Gbit")
+toy, pbit = (simulate_step(cluster, m, params=10_000_000, compute_seconds=0.05) for m in ("toy-vote", "vote-pbit"))
+assert toy.step_seconds == pbit.step_seconds and toy.bytes_sent_per_rank == pbit.bytes_sent_per_rank
+res = autotune.search(cluster, 10_000_000, 0.05, methods=["toy-vote"], momentum_syncs=["none"], bucket_mbs=[25])
+assert {c.method for c in res.candidates} == {"toy-vote"}
+BackendProfile(name="x", codec_bandwidth={"toy-vote": 5e9}).validate()  # a calibrated codec speed is accepted
+with contextlib.redirect_stdout(io.StringIO()) as out:
+    assert main(["simulate", "step", "--method", "toy-vote", "--ranks", "4", "--params", "1M", "--json"]) == 0
+assert json.loads(out.getvalue())["method"] == "toy-vote"
+print("ok")
+"""
+
+
+def test_adding_a_method_is_one_module_and_its_registry_line():
+    """README's "Adding a method": a new module, registered, is trained (bit-identical to the method whose codec
+    it copies), simulated, autotuned, calibrated and offered by the CLI, with no other file touched."""
+    import toy_method
+
+    from lioncub.comm.spawn import spawn
+
+    toy, pbit = (spawn(toy_method.train, 2, m, timeout=120) for m in ("toy-vote", "vote-pbit"))
+    assert all(torch.equal(a, b) for a, b in zip(toy, pbit)) and torch.equal(toy[0], toy[1])
+    out = subprocess.run([sys.executable, "-c", ADD_A_METHOD], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
