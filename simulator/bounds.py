@@ -20,11 +20,10 @@ entry, whose time is counted from the last rank's entry, get no bound (0: always
 
 from __future__ import annotations
 
-import math
-
 from .cluster import Cluster
-from .network import _NIC_LINKS, _PORTS, BURST_SPEEDUP
+from .network import BURST_SPEEDUP, NIC_LINKS, PORTS
 from .profiles import BackendProfile
+from .ranks import slices
 from .registry import RENDEZVOUS_FORMS, entry_order_matters
 from .symmetry import pow2
 
@@ -51,17 +50,17 @@ class Hops:
                     self.pairs["cross"] = (0, g * cluster.nodes_per_leaf)
             else:
                 self.pairs["inter"] = (0, g)
-        self._rate = {kind: self._max_rate(*pair) for kind, pair in self.pairs.items()}
-        self._lat = {kind: cluster.path(*pair)[1] for kind, pair in self.pairs.items()}
+        self.rates = {kind: self._max_rate(*pair) for kind, pair in self.pairs.items()}
+        self.latencies = {kind: cluster.path(*pair)[1] for kind, pair in self.pairs.items()}
 
     def _cost(self, link) -> float:
-        if link[0] in _NIC_LINKS:
+        if link[0] in NIC_LINKS:
             return self.cluster.nic_share / (self.eff * self.profile.wire_efficiency)
         return 1.0 / self.eff
 
     def _capacity(self, link) -> float:
         cap = self.cluster.link_capacity(link)
-        if self.profile.link_burst > 0 and link[0] in _PORTS:
+        if self.profile.link_burst > 0 and link[0] in PORTS:
             cap *= BURST_SPEEDUP
         return cap
 
@@ -81,7 +80,7 @@ class Hops:
 
     def hop(self, kind: str, nbytes: float, reduce: bool = False) -> float:
         """o + transfer + latency (+ the reduction of what arrived) of one message on a hop of this kind."""
-        return (self.o + nbytes / self._rate[kind] + self._lat[kind]
+        return (self.o + nbytes / self.rates[kind] + self.latencies[kind]
                 + (self.gamma * nbytes if reduce else 0.0))
 
     def cheapest(self, nbytes: float, reduce: bool = False) -> float:
@@ -95,17 +94,9 @@ class Hops:
         if link is None:  # host
             return nbytes / (prof.host_bandwidth * self.eff) if prof.host_bandwidth is not None else 0.0
         t = nbytes * self._cost(link) / c.link_capacity(link)
-        if prof.link_burst > 0 and link[0] in _PORTS:
+        if prof.link_burst > 0 and link[0] in PORTS:
             t -= prof.link_burst
         return max(0.0, t)
-
-
-def _slices(profile: BackendProfile, chunk: float) -> list[float]:
-    s = profile.slice_bytes
-    if s is None or chunk <= s:
-        return [chunk]
-    m = math.ceil(chunk / s)
-    return [chunk / m] * m
 
 
 def _ring_hops(cluster: Cluster, steps: int, per_node: int) -> dict:
@@ -151,7 +142,7 @@ def ring(h: Hops, n: float, steps: int, reduce_steps: int) -> tuple[float, float
     c = h.cluster
     p = c.ranks
     chunk = n / p
-    parts = _slices(h.profile, chunk)
+    parts = slices(h.profile.slice_bytes, chunk)
     chain = _ring_chain(h, _ring_hops(c, steps, c.gpus_per_node), parts[0], reduce_steps, steps)
     return chain, _ring_bytes(h, steps * chunk, c.gpus_per_node)
 
@@ -162,11 +153,11 @@ def hierarchical(h: Hops, n: float) -> tuple[float, float]:
     g, nodes = c.gpus_per_node, c.nodes
     t = nic = 0.0
     if g > 1:
-        s = _slices(h.profile, n / g)[0]
+        s = slices(h.profile.slice_bytes, n / g)[0]
         t += (g - 1) * h.hop("intra", s, reduce=True) + (g - 1) * h.hop("intra", s)
     if nodes > 1:
         chunk = n / g / nodes
-        s = _slices(h.profile, chunk)[0]
+        s = slices(h.profile.slice_bytes, chunk)[0]
         steps = 2 * (nodes - 1)
         counts = _ring_hops(c, steps, 1)
         counts.pop("intra", None)
@@ -192,7 +183,7 @@ def tree_reduce(h: Hops, n: float) -> tuple[float, float]:
         t = max(t, h.link_time("gpu", n * intra))
     t = max(t, h.gamma * n * len(children))
     # the last slice from the deepest leaf on the path 0 <- 2^(k-1) <- 2^(k-1) + 2^(k-2) <- ...
-    s = _slices(h.profile, n)[-1]
+    s = slices(h.profile.slice_bytes, n)[-1]
     chain, r = 0.0, 0
     for ch in reversed(children):
         if r + ch < p:
@@ -206,9 +197,9 @@ def tree_broadcast(h: Hops, n: float) -> float:
     c = h.cluster
     p = c.ranks
     children = [1 << i for i in range((p - 1).bit_length()) if (1 << i) < p]
-    parts = _slices(h.profile, n)  # equal slices
-    per_slice = sum(h.o + parts[0] / h._rate[h.kind(0, ch)] for ch in children)
-    return len(parts) * per_slice + h._lat[h.kind(0, children[0])]
+    parts = slices(h.profile.slice_bytes, n)  # equal slices
+    per_slice = sum(h.o + parts[0] / h.rates[h.kind(0, ch)] for ch in children)
+    return len(parts) * per_slice + h.latencies[h.kind(0, children[0])]
 
 
 def _rounds(h: Hops, sizes: list[float], reduce: bool, latency: bool = True) -> float:
@@ -216,7 +207,7 @@ def _rounds(h: Hops, sizes: list[float], reduce: bool, latency: bool = True) -> 
     message cannot have left before the round began) and the reduction of what arrived."""
     if latency:
         return sum(h.cheapest(s, reduce) for s in sizes)
-    return sum(min(h.o + s / h._rate[k] for k in h.pairs) + (h.gamma * s if reduce else 0.0) for s in sizes)
+    return sum(min(h.o + s / h.rates[k] for k in h.pairs) + (h.gamma * s if reduce else 0.0) for s in sizes)
 
 
 def doubling(h: Hops, op: str, alg: str, n: float) -> float:

@@ -31,7 +31,7 @@ from .profiles import BackendProfile, get_profile
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS, COMPOSITES, OPS, PRIMITIVES, RENDEZVOUS_FORMS, check_algorithm
 from .results import CollectiveResult
-from .runner import Cache, _primitive
+from .runner import Cache, primitive
 from .symmetry import Symmetry
 from .units import parse_size
 
@@ -42,7 +42,7 @@ __all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "RENDEZVOUS_FORMS", 
            "simulate_transfers"]
 
 
-def _parse_algorithm_spec(algorithm) -> dict | str:
+def parse_algorithm_spec(algorithm) -> dict | str:
     if isinstance(algorithm, dict):
         return dict(algorithm)
     if not isinstance(algorithm, str) or not algorithm:
@@ -146,7 +146,7 @@ def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, B
     profile = get_profile(backend)
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choose one of: {', '.join(OPS)}")
-    spec = _parse_algorithm_spec(algorithm)
+    spec = parse_algorithm_spec(algorithm)
     if op in PRIMITIVES and isinstance(spec, dict):
         raise ValueError(f"an 'op=alg' algorithm spec is for composite ops, not {op!r}")
     return nbytes, profile, spec
@@ -157,9 +157,9 @@ def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, exac
     times of the candidates simulated and the bounds of those pruned)."""
     if alg != "auto":
         check_algorithm(op, alg, cluster)
-        return _primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact)
+        return primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact)
     c = choose(cluster, profile, op, nbytes, cache, exact)
-    res = _primitive(cluster, profile, op, c.algorithm, nbytes, None if timeline else cache, timeline, exact)
+    res = primitive(cluster, profile, op, c.algorithm, nbytes, None if timeline else cache, timeline, exact)
     return dataclasses.replace(res, candidates=c.seconds, pruned=c.pruned)  # the cached object stays as it was
 
 
@@ -185,7 +185,7 @@ def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeli
         else:
             check_algorithm(c.op, want, groups.topology(on) if groups else on)
             alg, times = want, None
-        part = _primitive(on, profile, c.op, alg, c.nbytes, cache, timeline, exact, groups)
+        part = primitive(on, profile, c.op, alg, c.nbytes, cache, timeline, exact, groups)
         _add_part(total, c, alg, times, part, pruned)
         names.append(f"{c.op}:{alg}" if c.scope == "world" else f"{c.scope} {c.op}:{alg}")
     total.algorithm = "+".join(names) or "none"

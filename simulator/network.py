@@ -48,8 +48,8 @@ import simpy
 from .cluster import Cluster
 from .profiles import BackendProfile
 
-_NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
-_PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
+NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
+PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
 BURST_SPEEDUP = 1000.0  # a port's capacity while it holds burst tokens, in line rates (memory speed)
 
 
@@ -109,7 +109,7 @@ class Network:
         self.conns: dict = {}
         self.classes: dict = {}
         self.active: list[FlowClass] = []  # classes with active connections
-        self._cpu_free: dict = {}  # rank -> time its communication thread is free
+        self.thread_free: dict = {}  # rank -> time its communication thread is free (ranks.py reads and books it)
         # burst credit: canonical port -> [tokens, bucket] in bytes of capacity; ports in burst now;
         # capacity used per port at the current rates
         self.tokens: dict = {}
@@ -137,8 +137,8 @@ class Network:
         t = now if at is None else max(at, now)
         if o > 0:
             # the sender's communication thread spends o per message, one message after another (LogGP)
-            ready = max(t, self._cpu_free.get(src, 0.0)) + o
-            self._cpu_free[src] = ready
+            ready = max(t, self.thread_free.get(src, 0.0)) + o
+            self.thread_free[src] = ready
             ev = self.env.timeout(ready - now)
             ev.callbacks.append(lambda _ev, m=msg: self._enqueue(m))
             ev.ff = ("enter", msg)  # what steady.signature sees of it
@@ -169,6 +169,34 @@ class Network:
         state (burst credit) is what it was; do not count the skipped time as idle time."""
         self._last = self.env.now
 
+    def jump(self, now: float, shift: float) -> None:
+        """The whole simulation moves on by `shift` seconds at `now` (steady.skip): busy communication
+        threads move with it; flows keep their progress and burst credit is what it was."""
+        free = self.thread_free
+        for r, t in list(free.items()):
+            if t > now:
+                free[r] = t + shift
+        self._last += shift
+
+    @property
+    def reallocation_due(self) -> bool:
+        """Rates are to be recomputed at this instant (a change is waiting to be coalesced)."""
+        return self._dirty
+
+    @property
+    def idle(self) -> bool:
+        """No flow has data and no reallocation is due."""
+        return not self.active and not self._dirty
+
+    def current_timer(self, gen: int) -> bool:
+        """Whether the completion timer scheduled as generation `gen` (its event's `ff`) is still the one
+        that counts (a reallocation since makes it stale: it will do nothing)."""
+        return gen == self._gen
+
+    def threads_idle(self, now: float) -> bool:
+        """Every rank's communication thread is free at `now`."""
+        return all(t <= now for t in self.thread_free.values())
+
     # ---- connections --------------------------------------------------------------------------------
     def _connect(self, src, dst, family) -> Connection:
         prof, cl = self.profile, self.cluster
@@ -178,8 +206,8 @@ class Network:
             links = [("host-tx", src)] + links + [("host-rx", dst)]
         counted: dict = {}
         for link in links:
-            cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in _NIC_LINKS else 1.0))
-            if link[0] in _NIC_LINKS:
+            cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in NIC_LINKS else 1.0))
+            if link[0] in NIC_LINKS:
                 cost *= cl.nic_share
             canon = self.canonical(link)
             counted[canon] = counted.get(canon, 0.0) + cost
@@ -188,7 +216,7 @@ class Network:
                     self.capacity[canon] = prof.host_bandwidth
                 else:
                     self.capacity[canon] = cl.link_capacity(link)
-                    if prof.link_burst > 0 and link[0] in _PORTS:
+                    if prof.link_burst > 0 and link[0] in PORTS:
                         bucket = prof.link_burst * self.capacity[canon]
                         # the port has idled before the call: a full bucket
                         self.tokens[canon] = [bucket, bucket]
@@ -211,7 +239,7 @@ class Network:
         conn = msg.conn
         conn.queue.append(msg)
         if not conn.active:
-            self._advance()
+            self.advance()
             conn.active = True
             cls = conn.cls
             if cls.count == 0:
@@ -226,7 +254,7 @@ class Network:
                 self._mark_dirty()
 
     # ---- rates --------------------------------------------------------------------------------------
-    def _advance(self) -> None:
+    def advance(self) -> None:
         now = self.env.now
         dt = now - self._last
         if dt > 0:
@@ -282,7 +310,7 @@ class Network:
 
     def _reallocate(self, _ev=None) -> None:
         self._dirty = False
-        self._advance()
+        self.advance()
         self.reallocations += 1
         if not self.active:
             self._usage = {}
@@ -314,7 +342,7 @@ class Network:
     def _on_timer(self, gen: int) -> None:
         if gen != self._gen:
             return
-        self._advance()
+        self.advance()
         # a port that ran out of burst goes back to its line rate: recompute the rates. Within a
         # nanosecond of running dry counts as dry (float round-off must not re-arm a zero-length timer).
         stopped = False

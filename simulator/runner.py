@@ -148,7 +148,7 @@ class Cache:
         return (cluster, pk[1], op, alg, float(nbytes), groups)
 
 
-def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False, groups=None):
+def primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False, groups=None):
     """op/alg simulated, or from the cache (exact runs and timelines are not cached)."""
     if cache is None or timeline or exact:
         return _run_primitive(cluster, profile, op, alg, nbytes, timeline, exact, groups)

@@ -54,19 +54,19 @@ class _Same:
 def signature(sim, tags=None):
     """(structure, floats) of the simulation's state relative to now, or None if it cannot be told."""
     env, net = sim.env, sim.net
-    if net._dirty:
+    if net.reallocation_due:
         return None
     tags = tags or _Same
     rel = tags.rel
     now = env.now
-    net._advance()
+    net.advance()
     items = []
     for t, _prio, _eid, ev in env._queue:
         d = getattr(ev, "ff", None)
         if d is None:
             return None
         if d[0] == "timer":
-            if d[1] == net._gen:
+            if net.current_timer(d[1]):
                 items.append((("timer",), (t - now,)))
             continue  # a stale timer does nothing
         if d[0] == "deliver":  # ["deliver", connection, size, tag]
@@ -88,7 +88,7 @@ def signature(sim, tags=None):
         if ev.callbacks:  # someone waits on it: a process whose program we cannot see
             return None
         items.append((("box", src, dst, rel(tag), ev.triggered), ()))
-    for r, t in net._cpu_free.items():
+    for r, t in net.thread_free.items():
         if t > now:
             items.append((("cpu", r), (t - now,)))
     for link, tb in net.tokens.items():
@@ -131,8 +131,5 @@ def skip(sim, m: int, period: float, tags=None) -> None:
             for msg in conn.queue:
                 move(msg)
     sim.mailbox = {(s, d, tags.shift(t, m)): ev for (s, d, t), ev in sim.mailbox.items()}
-    for r, t in list(net._cpu_free.items()):
-        if t > now:
-            net._cpu_free[r] = t + shift
+    net.jump(now, shift)
     env._now = now + shift  # the running process goes on from the new time (SimPy keeps it in _now)
-    net._last += shift  # flows keep their progress; burst credit is what it was

@@ -44,7 +44,7 @@ from lioncub import methods
 from lioncub.comm import wire
 
 from .cluster import Cluster
-from .collectives import ALGORITHMS, Cache, _parse_algorithm_spec, composite_collectives, simulate_collective
+from .collectives import ALGORITHMS, Cache, composite_collectives, parse_algorithm_spec, simulate_collective
 from .profiles import get_profile
 from .units import parse_byte_rate, parse_count, parse_time
 
@@ -354,7 +354,7 @@ def _tally(colls, what, alg, nbytes, seconds, per_step=1.0, count=1):
 def _step_spec(algorithm, cluster) -> dict:
     """A step's `algorithm` argument as {op: algorithm}: 'auto', 'op=alg,...' / a dict, or one name that
     applies to every op it is an algorithm of (auto for the others)."""
-    spec = _parse_algorithm_spec(algorithm)
+    spec = parse_algorithm_spec(algorithm)
     if isinstance(spec, dict):
         for op, alg in spec.items():
             if op not in ALGORITHMS:

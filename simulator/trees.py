@@ -4,7 +4,7 @@ slices when the profile sets slice_bytes."""
 from __future__ import annotations
 
 
-def _binomial(r: int, p: int) -> tuple[int | None, list[int]]:
+def binomial(r: int, p: int) -> tuple[int | None, list[int]]:
     """Parent and children (smallest subtree first) of rank r in a binomial tree rooted at 0."""
     children, d = [], 1
     while d < p:
@@ -16,8 +16,8 @@ def _binomial(r: int, p: int) -> tuple[int | None, list[int]]:
     return None, children
 
 
-def _tree_reduce(ctx, n, label):
-    parent, children = _binomial(ctx.r, ctx.p)
+def tree_reduce(ctx, n, label):
+    parent, children = binomial(ctx.r, ctx.p)
     for j, s in enumerate(ctx.slices(n)):
         for c in children:
             yield ctx.recv(c, (label, j), s)
@@ -26,8 +26,8 @@ def _tree_reduce(ctx, n, label):
             ctx.send(parent, s, (label, j))
 
 
-def _tree_broadcast(ctx, n, label):
-    parent, children = _binomial(ctx.r, ctx.p)
+def tree_broadcast(ctx, n, label):
+    parent, children = binomial(ctx.r, ctx.p)
     for j, s in enumerate(ctx.slices(n)):
         if parent is not None:
             yield ctx.recv(parent, (label, j), s)
@@ -36,13 +36,13 @@ def _tree_broadcast(ctx, n, label):
 
 
 def allreduce_binomial_tree(ctx, n):
-    yield from _tree_reduce(ctx, n, "reduce")
-    yield from _tree_broadcast(ctx, n, "bcast")
+    yield from tree_reduce(ctx, n, "reduce")
+    yield from tree_broadcast(ctx, n, "bcast")
 
 
 def reduce_binomial_tree(ctx, n):
-    yield from _tree_reduce(ctx, n, "reduce")
+    yield from tree_reduce(ctx, n, "reduce")
 
 
 def broadcast_binomial_tree(ctx, n):
-    yield from _tree_broadcast(ctx, n, "bcast")
+    yield from tree_broadcast(ctx, n, "bcast")
