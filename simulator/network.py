@@ -46,6 +46,7 @@ from math import inf
 import simpy
 
 from .cluster import Cluster
+from .engine import settle, succeed_in
 from .profiles import BackendProfile
 
 NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
@@ -385,7 +386,7 @@ class Network:
         if ev.callbacks:
             ev.succeed()
         else:
-            ev._ok, ev._value, ev.callbacks = True, None, None
+            settle(ev)
 
     def _deliver(self, msg: Message) -> None:
         """Its last byte arrives `latency` after it left: schedule the receiver's event for then (one event;
@@ -397,8 +398,7 @@ class Network:
         elif self.rendezvous:
             self.env.timeout(msg.latency).callbacks.append(lambda _ev: d.succeed())
         else:
-            d._ok, d._value = True, None
-            self.env.schedule(d, simpy.events.NORMAL, msg.latency)
+            succeed_in(d, msg.latency)
 
 
 def allocate(classes: list[FlowClass], capacity: dict) -> None:

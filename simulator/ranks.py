@@ -21,6 +21,7 @@ import simpy
 
 from . import steady
 from .cluster import Cluster
+from .engine import succeed_in
 from .network import Network
 from .profiles import BackendProfile
 from .symmetry import Symmetry
@@ -52,7 +53,7 @@ class Sim:
         every communication thread idle: what happens next depends only on what the running process
         does next."""
         env, net = self.env, self.net
-        if env._queue or self.mailbox or not net.idle:
+        if env.peek() < math.inf or self.mailbox or not net.idle:
             return False
         return net.threads_idle(env.now)
 
@@ -190,9 +191,7 @@ class Rank:
 
     def arrive_at(self, dst: int, tag, t: float) -> None:
         """A train's message to dst arrives at time t."""
-        ev = self.sim.box((self.r, dst, tag))
-        ev._ok, ev._value = True, None
-        self.env.schedule(ev, simpy.events.NORMAL, t - self.env.now)
+        succeed_in(self.sim.box((self.r, dst, tag)), t - self.env.now)
 
     def exchange(self, sends: list[tuple], recvs: list[tuple]) -> simpy.Event:
         """Post sends [(dst, nbytes, tag)] and receives [(src, tag, nbytes)] all at once, pairwise in

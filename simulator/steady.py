@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from .engine import jump, scheduled
+
 _REL = 1e-9  # floats of two signatures agree within this fraction (of the larger) ...
 _ABS = 1e-12  # ... plus this many seconds per second of simulated time (round-off grows with the clock)
 
@@ -61,7 +63,7 @@ def signature(sim, tags=None):
     now = env.now
     net.advance()
     items = []
-    for t, _prio, _eid, ev in env._queue:
+    for t, _prio, _eid, ev in scheduled(env):
         d = getattr(ev, "ff", None)
         if d is None:
             return None
@@ -117,19 +119,16 @@ def skip(sim, m: int, period: float, tags=None) -> None:
             moved.add(id(msg))
             msg.tag = tags.shift(msg.tag, m)
 
-    queue = []
-    for t, prio, eid, ev in env._queue:
+    for _t, _prio, _eid, ev in scheduled(env):
         d = getattr(ev, "ff", None)
         if d is not None and d[0] == "enter":
             move(d[1])
         elif d is not None and d[0] == "deliver":
             d[3] = tags.shift(d[3], m)
-        queue.append((t + shift, prio, eid, ev))
-    env._queue[:] = queue  # a uniform shift keeps the heap order
+    jump(env, shift)
     for c in net.active:
         for _target, _seq, conn in c.heap:
             for msg in conn.queue:
                 move(msg)
     sim.mailbox = {(s, d, tags.shift(t, m)): ev for (s, d, t), ev in sim.mailbox.items()}
     net.jump(now, shift)
-    env._now = now + shift  # the running process goes on from the new time (SimPy keeps it in _now)
