@@ -10,10 +10,12 @@ broadcast / reduce input, the all-gather *output*, the all-to-all *send* buffer.
 ops (`vote-1bit`, `l1-pbit`, `momentum-sync`, ...) it is the bytes of the fp32 bucket they synchronize
 (`composite_elements`), and the collectives they issue are those of `lioncub.methods`.
 
-Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, as SimPy
-processes that read like the protocol (rings.py, doubling.py, trees.py, alltoall.py) and their registry
-(registry.py); the symmetry that lets representative ranks stand for all (symmetry.py); running one
-primitive and the memo of results (runner.py); `auto` (choose.py); the network (network.py).
+Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, each one record
+(algorithm.py) next to its program, a SimPy process that reads like the protocol, and its lower bound
+(rings.py, doubling.py, trees.py, alltoall.py), and their registry (registry.py); the symmetry that lets
+representative ranks stand for all (symmetry.py); running one primitive and the memo of results
+(runner.py); `auto` (choose.py) and its bounds (bounds.py, hops.py); the network (network.py); the SimPy
+internals it relies on (engine.py).
 """
 
 from __future__ import annotations
@@ -24,19 +26,24 @@ import time
 from lioncub import methods
 from lioncub.comm import wire
 
+from .algorithm import PRIMITIVES
 from .choose import best_algorithm, choose
 from .cluster import Cluster
 from .groups import Groups
 from .profiles import BackendProfile, get_profile
 from .ranks import Rank, Sim
-from .registry import ALGORITHMS, COMPOSITES, OPS, PRIMITIVES, RENDEZVOUS_FORMS, check_algorithm
+from .registry import ALGORITHMS, check_algorithm
 from .results import CollectiveResult
 from .runner import Cache, primitive
 from .symmetry import Symmetry
 from .units import parse_size
 
+# lioncub's composite ops: every method but the fp32 "allreduce" (a primitive), and the momentum sync
+COMPOSITES = tuple(op for op in methods.NAMES if op != "allreduce") + ("momentum-sync",)
+OPS = PRIMITIVES + COMPOSITES
+
 # re-exported: the names this module has always offered
-__all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "RENDEZVOUS_FORMS", "Cache", "CollectiveResult", "Rank",
+__all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "Cache", "CollectiveResult", "Rank",
            "Symmetry", "best_algorithm", "check_algorithm", "composite_collectives", "composite_elements",
            "simulate_collective",
            "simulate_transfers"]

@@ -42,12 +42,15 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from math import inf
+from typing import TYPE_CHECKING
 
 import simpy
 
 from .cluster import Cluster
 from .engine import settle, succeed_in
-from .profiles import BackendProfile
+
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
 
 NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
 PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts

@@ -16,6 +16,7 @@ state (steady.py). Sim(fast=False), the exact run, does none of that.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import simpy
 
@@ -23,8 +24,10 @@ from . import steady
 from .cluster import Cluster
 from .engine import succeed_in
 from .network import Network
-from .profiles import BackendProfile
 from .symmetry import Symmetry
+
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
 
 
 class Sim:

@@ -9,12 +9,12 @@ leaves), then:
 
 * **reduce** (bottom-up): what a rank sends its parent, and when, depends only on its subtree: its
   children's sends compete on its down links, nothing else does. One sub-simulation per shape runs the
-  rank's real program (`trees.tree_reduce`) on its real links, with each child replaying the sends its
+  rank's real program (`binomial.tree_reduce`) on its real links, with each child replaying the sends its
   own shape's sub-simulation recorded (the child's message overhead and up link simulated here). The
   rank's sends to its parent are recorded, not sent: the parent's sub-simulation sends them.
 * **broadcast** (top-down): what a rank does depends only on its subtree and on when the slices reach
   it from its parent. One sub-simulation per class (shape, arrival times of the slices relative to the
-  first): the rank's real program (`trees.tree_broadcast`) with its parent's messages delivered at
+  first): the rank's real program (`binomial.tree_broadcast`) with its parent's messages delivered at
   those times, its sends to its children on their real links; the arrival times at each child give the
   child's class. Subtrees whose arrivals differ only by a shift in time are one class, shifted.
 
@@ -34,13 +34,16 @@ rank instead; tests check both agree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from .binomial import binomial, tree_broadcast, tree_reduce
 from .cluster import Cluster
-from .profiles import BackendProfile
 from .ranks import Rank, Sim, slices
 from .results import CollectiveResult
 from .symmetry import Symmetry, pow2
-from .trees import binomial, tree_broadcast, tree_reduce
+
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
 
 # Two arrival trains are one class when they agree to this fraction of their span (float round-off in
 # times some seconds from the start, shifted differently, differs in the last digits).
@@ -209,6 +212,11 @@ class TreeRun:
         got = _Broadcast(finish[0], sub, ctx.bytes_sent, ctx.bytes_received, sims)
         known.append((train, got))
         return got
+
+
+def by_classes(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> CollectiveResult | None:
+    """op by the binomial tree, one sub-simulation per class, where that applies (None where not)."""
+    return run(cluster, profile, op, nbytes) if applies(cluster, profile, op) else None
 
 
 def run(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> CollectiveResult:
