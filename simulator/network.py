@@ -411,16 +411,29 @@ def allocate(classes: list[FlowClass], capacity: dict) -> None:
     rate * cost over its connections = capacity) or a connection reaches its cap; those connections are
     frozen at that rate and the rest keep rising.
     """
-    if len(classes) == 1:  # the same arithmetic as below, for one class
-        c = classes[0]
-        w = c.weight * c.count
-        level = min(capacity[link] / (w * cost) for link, cost in c.links)
-        level = max(min(level, c.cap / c.weight), 0.0)
-        if c.cap / c.weight <= level * (1 + 1e-9):
-            c.rate = min(c.cap, c.weight * level)
-        else:
-            c.rate = c.weight * level
+    if len(classes) == 1:
+        _allocate_alone(classes[0], capacity)
         return
+    rem, load = _loads(classes, capacity)
+    unfrozen = list(classes)
+    while unfrozen:
+        level = _next_level(unfrozen, rem, load)
+        unfrozen = _freeze(unfrozen, level, rem, load)
+
+
+def _allocate_alone(c: FlowClass, capacity: dict) -> None:
+    """One class: the same arithmetic as progressive filling, in one round."""
+    w = c.weight * c.count
+    level = min(capacity[link] / (w * cost) for link, cost in c.links)
+    level = max(min(level, c.cap / c.weight), 0.0)
+    if c.cap / c.weight <= level * (1 + 1e-9):
+        c.rate = min(c.cap, c.weight * level)
+    else:
+        c.rate = c.weight * level
+
+
+def _loads(classes: list[FlowClass], capacity: dict) -> tuple[dict, dict]:
+    """Per link crossed: (capacity not yet given out, weight of the connections crossing it, by cost)."""
     rem: dict = {}
     load: dict = {}
     for c in classes:
@@ -431,37 +444,45 @@ def allocate(classes: list[FlowClass], capacity: dict) -> None:
             else:
                 load[link] = w * cost
                 rem[link] = capacity[link]
-    unfrozen = list(classes)
-    while unfrozen:
-        level = inf
-        for link, ld in load.items():
-            v = rem[link] / ld
-            if v < level:
-                level = v
-        for c in unfrozen:
-            v = c.cap / c.weight
-            if v < level:
-                level = v
-        if level == inf:  # cannot happen: every connection crosses a link
-            raise RuntimeError("unbounded flow")
-        level = max(level, 0.0)
-        thresh = level * (1 + 1e-9)
-        full = {link for link, ld in load.items() if rem[link] / ld <= thresh}
-        keep = []
-        for c in unfrozen:
-            if c.cap / c.weight <= thresh:
-                c.rate = min(c.cap, c.weight * level)
-            elif any(link in full for link, _ in c.links):
-                c.rate = c.weight * level
-            else:
-                keep.append(c)
-                continue
-            for link, cost in c.links:
-                if link in load:
-                    rem[link] -= c.rate * c.count * cost
-                    load[link] -= c.weight * c.count * cost
-        for link in full:
-            load.pop(link, None)
-        for link in [k for k, v in load.items() if v <= 1e-12]:
-            del load[link]
-        unfrozen = keep
+    return rem, load
+
+
+def _next_level(unfrozen: list[FlowClass], rem: dict, load: dict) -> float:
+    """The level at which the next link fills up or the next connection reaches its cap."""
+    level = inf
+    for link, ld in load.items():
+        v = rem[link] / ld
+        if v < level:
+            level = v
+    for c in unfrozen:
+        v = c.cap / c.weight
+        if v < level:
+            level = v
+    if level == inf:  # cannot happen: every connection crosses a link
+        raise RuntimeError("unbounded flow")
+    return max(level, 0.0)
+
+
+def _freeze(unfrozen: list[FlowClass], level: float, rem: dict, load: dict) -> list[FlowClass]:
+    """Freeze the classes at their cap or on a link full at `level`, take their share off their links;
+    the classes still rising."""
+    thresh = level * (1 + 1e-9)
+    full = {link for link, ld in load.items() if rem[link] / ld <= thresh}
+    keep = []
+    for c in unfrozen:
+        if c.cap / c.weight <= thresh:
+            c.rate = min(c.cap, c.weight * level)
+        elif any(link in full for link, _ in c.links):
+            c.rate = c.weight * level
+        else:
+            keep.append(c)
+            continue
+        for link, cost in c.links:
+            if link in load:
+                rem[link] -= c.rate * c.count * cost
+                load[link] -= c.weight * c.count * cost
+    for link in full:
+        load.pop(link, None)
+    for link in [k for k, v in load.items() if v <= 1e-12]:
+        del load[link]
+    return keep
