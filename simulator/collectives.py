@@ -38,15 +38,16 @@ from .runner import Cache, primitive
 from .symmetry import Symmetry
 from .units import parse_size
 
-# lioncub's composite ops: every method but the fp32 "allreduce" (a primitive), and the momentum sync
-COMPOSITES = tuple(op for op in methods.NAMES if op != "allreduce") + ("momentum-sync",)
+MOMENTUM_SYNC = "momentum-sync"
+# lioncub's composite ops: the methods with a codec (a dense method's collectives are primitives on its
+# gradients) and the momentum sync
+COMPOSITES = (*methods.COMPRESSED, MOMENTUM_SYNC)
 OPS = PRIMITIVES + COMPOSITES
 
 # re-exported: the names this module has always offered
 __all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "Cache", "CollectiveResult", "Rank",
            "Symmetry", "best_algorithm", "check_algorithm", "composite_collectives", "composite_elements",
-           "simulate_collective",
-           "simulate_transfers"]
+           "method_collectives", "simulate_collective", "simulate_collectives", "simulate_transfers"]
 
 
 def parse_algorithm_spec(algorithm) -> dict | str:
@@ -71,19 +72,25 @@ def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None
     those of the hierarchical layout (the method's `hierarchical_collectives`, levels resolved for the
     N/G voters; the momentum sync: an fp32 allreduce of the shard across nodes)."""
     n = composite_elements(int(nbytes))
+    if op != MOMENTUM_SYNC:
+        return method_collectives(methods.get(op), n, ranks, levels, node_size, grad_dtype)
     if node_size:
-        voters = ranks // node_size
-        if op == "momentum-sync":
-            shard = wire.shard_elements(n, node_size)
-            return [dataclasses.replace(c, scope="cross") for c in wire.momentum_sync_collectives(shard)] \
-                if voters > 1 else []
-        meth = methods.get(op)
-        lv = meth.resolve_levels(voters, levels) if meth.uses_levels else 0
+        shard = wire.shard_elements(n, node_size)
+        return [dataclasses.replace(c, scope="cross") for c in wire.momentum_sync_collectives(shard)] \
+            if ranks // node_size > 1 else []
+    return wire.momentum_sync_collectives(n) if ranks > 1 else []
+
+
+def method_collectives(meth: methods.Method, n: int, ranks: int, levels: int | None = None, node_size: int = 0,
+                       grad_dtype: str = "float32") -> list[wire.Collective]:
+    """The collectives method `meth` issues for a bucket of n parameters on `ranks` ranks (its `collectives`);
+    with node_size G, in the hierarchical layout (its `hierarchical_collectives`, levels resolved for the N/G
+    voters)."""
+    voters = ranks // node_size if node_size else ranks
+    lv = meth.resolve_levels(voters, levels) if meth.uses_levels else 0
+    if node_size:
         return meth.hierarchical_collectives(n, ranks, node_size, lv, grad_dtype)
-    if op == "momentum-sync":
-        return wire.momentum_sync_collectives(n) if ranks > 1 else []
-    meth = methods.get(op)
-    return meth.collectives(n, ranks, meth.resolve_levels(ranks, levels) if meth.uses_levels else 0)
+    return meth.collectives(n, ranks, lv, grad_dtype)
 
 
 def composite_elements(nbytes: int) -> int:
@@ -135,10 +142,13 @@ def simulate_collective(
         raise ValueError("no timeline for the hierarchical layout")
     node_size = cluster.gpus_per_node if hierarchical else 0
     colls = composite_collectives(op, nbytes, cluster.ranks, levels, node_size, grad_dtype)
-    total = _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact)
-    if hierarchical:
-        total.bytes_sent_per_rank, total.bytes_received_per_rank = wire.traffic(colls, cluster.ranks, node_size)
-    return total
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - {c.op for c in colls})
+        if unknown and colls:
+            raise ValueError(f"{op} issues {', '.join(sorted({c.op for c in colls}))}; "
+                             f"cannot set the algorithm of {', '.join(unknown)}")
+    return simulate_collectives(cluster, profile, op, colls, spec, nbytes, cache, exact=exact, timeline=timeline,
+                                node_size=node_size)
 
 
 def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, BackendProfile, dict | str]:
@@ -170,16 +180,15 @@ def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, exac
     return dataclasses.replace(res, candidates=c.seconds, pruned=c.pruned)  # the cached object stays as it was
 
 
-def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact):
-    """A lioncub composite: each collective it issues, one after the other (each starts on an idle
-    network), on the group its scope names; the parts add up."""
+def simulate_collectives(cluster: Cluster, profile: BackendProfile, name: str, colls: list[wire.Collective],
+                         spec: dict | str, nbytes: float, cache: Cache, *, exact: bool = False,
+                         timeline: bool = False, node_size: int = 0) -> CollectiveResult:
+    """What a method issues for a bucket (or a composite op of nbytes): each collective of `colls`, one after
+    the other (each starts on an idle network), on the group its scope names; the parts add up, reported as
+    `name`. spec: an algorithm name, "auto", or {op: algorithm} (auto for the ops it leaves out). node_size:
+    the hierarchical layout's G; bytes sent and received are then wire.traffic's."""
     t_wall = time.perf_counter()
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - {c.op for c in colls})
-        if unknown and colls:
-            raise ValueError(f"{op} issues {', '.join(sorted({c.op for c in colls}))}; "
-                             f"cannot set the algorithm of {', '.join(unknown)}")
-    total = CollectiveResult(op, "", profile.name, cluster.ranks, nbytes, 0.0, 0.0, 0.0)
+    total = CollectiveResult(name, "", profile.name, cluster.ranks, nbytes, 0.0, 0.0, 0.0)
     total.timeline = {r: [] for r in range(cluster.ranks)} if timeline else None
     names = []
     for c in colls:
@@ -196,6 +205,8 @@ def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeli
         _add_part(total, c, alg, times, part, pruned)
         names.append(f"{c.op}:{alg}" if c.scope == "world" else f"{c.scope} {c.op}:{alg}")
     total.algorithm = "+".join(names) or "none"
+    if node_size:
+        total.bytes_sent_per_rank, total.bytes_received_per_rank = wire.traffic(colls, cluster.ranks, node_size)
     total.wall_seconds = time.perf_counter() - t_wall
     return total
 

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lioncub import methods
 from lioncub.files import read_json
 
 from .algorithm import PRIMITIVES
@@ -42,8 +43,8 @@ ETH_OVERHEAD = 14 + 4 + 8 + 12
 IP_TCP_OVERHEAD = 20 + 20 + 12
 
 FAMILIES = (*PRIMITIVES, "p2p")
-# kernels whose speed `codec_bandwidth` can give: each method's codec, the Lion update, the 1-bit vote
-CODEC_KERNELS = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "allreduce", "update", "vote")
+# kernels whose speed `codec_bandwidth` can give: each method's codec (by its name), the Lion update, the 1-bit vote
+CODEC_KERNELS = (*methods.NAMES, "update", "vote")
 
 
 def tcp_efficiency(mtu: int = 1500) -> float:
