@@ -118,7 +118,7 @@ def _buckets(params: int, bucket_bytes: float) -> list[tuple[int, int]]:
 
 
 def simulate_step(
-    cluster: Cluster, method: str = methods.BASELINE, params=None, momentum_sync: int | None = None,
+    cluster: Cluster, method: str | methods.Method = methods.BASELINE, params=None, momentum_sync: int | None = None,
     bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
     algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
     backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
@@ -126,6 +126,7 @@ def simulate_step(
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
+    method: a name in lioncub.methods.NAMES, or a `Method` (costed by the collectives it declares).
     params: number of parameters (int, or '1.3B').
     momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by a dense method.
     bucket_mb: bucket size in MiB of fp32 gradients (DDP's bucket_cap_mb; lioncub uses the same).
