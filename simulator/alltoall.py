@@ -1,6 +1,10 @@
-"""All-to-all: pairwise exchange (p-1 steps) and all-at-once (every send and receive posted together)."""
+"""All-to-all: pairwise exchange (p-1 steps) and all-at-once (every send and receive posted together); their
+lower bounds and records."""
 
 from __future__ import annotations
+
+from .algorithm import Algorithm
+from .hops import Hops
 
 
 def alltoall_pairwise(ctx, n):
@@ -34,3 +38,34 @@ def alltoall_all_at_once(ctx, n):
     piece = n / p
     yield ctx.exchange([((r + k) % p, piece, ("a2a", k)) for k in range(1, p)],
                        [((r - k) % p, ("a2a", k), piece) for k in range(1, p)])
+
+
+# ---- lower bounds (bounds.py) ---------------------------------------------------------------------------
+def _bytes_bound(h: Hops, piece: float) -> float:
+    """Every rank sends p-1 pieces; every NIC carries the node's G * (p - G) pieces out (and as many in)."""
+    c = h.cluster
+    p, g = c.ranks, c.gpus_per_node
+    t = h.link_time("host", (p - 1) * piece)
+    if c.nodes > 1:
+        t = max(t, h.link_time("nic", g * (p - g) * piece))
+    return t
+
+
+def _pairwise_bound(h: Hops, n: float) -> tuple[float, float]:
+    piece = n / h.p
+    return (h.p - 1) * h.cheapest(piece), _bytes_bound(h, piece)
+
+
+def _all_at_once_bound(h: Hops, n: float) -> tuple[float, float]:
+    """p-1 sends through one communication thread, then the last one travels."""
+    piece = n / h.p
+    return (h.p - 1) * h.o + h.cheapest(piece) - h.o, _bytes_bound(h, piece)
+
+
+# ---- the algorithms -------------------------------------------------------------------------------------
+ALLTOALL_PAIRWISE = Algorithm("alltoall", "pairwise", alltoall_pairwise, symmetry="cyclic", bound=_pairwise_bound)
+# its rendezvous form is itself (Gloo posts every send and receive at once too); a pair exchanges data both
+# ways on one connection, so ranks entering one after another serialize it
+ALLTOALL_ALL_AT_ONCE = Algorithm("alltoall", "all-at-once", alltoall_all_at_once, symmetry="cyclic",
+                                 bound=_all_at_once_bound, libraries=("nccl", "gloo"),
+                                 rendezvous=alltoall_all_at_once, entry_order_matters=lambda p: True)

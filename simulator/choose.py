@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .bounds import bound
 from .registry import ALGORITHMS, valid
-from .runner import _primitive
+from .runner import primitive
 from .units import format_time
 
 # times this close are a tie, which the backend's order breaks (float round-off must not pick); a bound
@@ -39,7 +39,7 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False, groups
     seen = groups.topology(cluster) if groups else cluster
     cands = candidates(seen, profile, op)
     if exact or len(cands) == 1:
-        times = {a: _primitive(cluster, profile, op, a, nbytes, cache, exact=exact, groups=groups).seconds
+        times = {a: primitive(cluster, profile, op, a, nbytes, cache, exact=exact, groups=groups).seconds
                  for a in cands}
         return Choice(_fastest(cands, times), times)
     bounds = {a: _bound(seen, profile, op, a, nbytes, cache) for a in cands}
@@ -55,7 +55,7 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False, groups
                          "reason": f"lower bound {format_time(b['seconds'])} ({what}) > {best} simulated "
                                    f"{format_time(best_t)}"}
             continue
-        times[a] = _primitive(cluster, profile, op, a, nbytes, cache, groups=groups).seconds
+        times[a] = primitive(cluster, profile, op, a, nbytes, cache, groups=groups).seconds
         if times[a] < best_t:
             best, best_t = a, times[a]
     times = {a: times[a] for a in cands if a in times}

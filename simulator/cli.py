@@ -18,7 +18,7 @@ import time
 from lioncub import methods
 
 _OPS_HELP = ("allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a lioncub composite: "
-             + ", ".join([m for m in methods.NAMES if m != "allreduce"] + ["momentum-sync"]))
+             + ", ".join([*methods.COMPRESSED, "momentum-sync"]))
 
 
 def register(subparsers) -> None:
@@ -98,7 +98,7 @@ def _step_args(p) -> None:
     g.add_argument("--tokens", default=None, help="tokens per step per rank (with --flops)")
     g.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size, MiB of fp32 gradients")
     g.add_argument("--grad-dtype", default="float32", choices=["float32", "bfloat16"],
-                   help="gradient dtype of the allreduce method")
+                   help="gradients on the wire: a dense method's allreduce, the hierarchical reduce-scatter")
     g.add_argument("--levels", type=int, default=None, help="l1-pbit levels (default: lioncub's)")
     g.add_argument("--memory-bandwidth", default="2TB/s", help="device memory bandwidth for kernel times")
     g.add_argument("--algorithm", default="auto", help="'auto', an algorithm name, or 'op=alg,...'")

@@ -10,10 +10,12 @@ broadcast / reduce input, the all-gather *output*, the all-to-all *send* buffer.
 ops (`vote-1bit`, `l1-pbit`, `momentum-sync`, ...) it is the bytes of the fp32 bucket they synchronize
 (`composite_elements`), and the collectives they issue are those of `lioncub.methods`.
 
-Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, as SimPy
-processes that read like the protocol (rings.py, doubling.py, trees.py, alltoall.py) and their registry
-(registry.py); the symmetry that lets representative ranks stand for all (symmetry.py); running one
-primitive and the memo of results (runner.py); `auto` (choose.py); the network (network.py).
+Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, each one record
+(algorithm.py) next to its program, a SimPy process that reads like the protocol, and its lower bound
+(rings.py, doubling.py, trees.py, alltoall.py), and their registry (registry.py); the symmetry that lets
+representative ranks stand for all (symmetry.py); running one primitive and the memo of results
+(runner.py); `auto` (choose.py) and its bounds (bounds.py, hops.py); the network (network.py); the SimPy
+internals it relies on (engine.py).
 """
 
 from __future__ import annotations
@@ -24,25 +26,31 @@ import time
 from lioncub import methods
 from lioncub.comm import wire
 
+from .algorithm import PRIMITIVES
 from .choose import best_algorithm, choose
 from .cluster import Cluster
 from .groups import Groups
 from .profiles import BackendProfile, get_profile
 from .ranks import Rank, Sim
-from .registry import ALGORITHMS, COMPOSITES, OPS, PRIMITIVES, RENDEZVOUS_FORMS, check_algorithm
+from .registry import ALGORITHMS, check_algorithm
 from .results import CollectiveResult
-from .runner import Cache, _primitive
+from .runner import Cache, primitive
 from .symmetry import Symmetry
 from .units import parse_size
 
+MOMENTUM_SYNC = "momentum-sync"
+# lioncub's composite ops: the methods with a codec (a dense method's collectives are primitives on its
+# gradients) and the momentum sync
+COMPOSITES = (*methods.COMPRESSED, MOMENTUM_SYNC)
+OPS = PRIMITIVES + COMPOSITES
+
 # re-exported: the names this module has always offered
-__all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "RENDEZVOUS_FORMS", "Cache", "CollectiveResult", "Rank",
+__all__ = ["ALGORITHMS", "COMPOSITES", "OPS", "PRIMITIVES", "Cache", "CollectiveResult", "Rank",
            "Symmetry", "best_algorithm", "check_algorithm", "composite_collectives", "composite_elements",
-           "simulate_collective",
-           "simulate_transfers"]
+           "method_collectives", "simulate_collective", "simulate_collectives", "simulate_transfers"]
 
 
-def _parse_algorithm_spec(algorithm) -> dict | str:
+def parse_algorithm_spec(algorithm) -> dict | str:
     if isinstance(algorithm, dict):
         return dict(algorithm)
     if not isinstance(algorithm, str) or not algorithm:
@@ -64,19 +72,25 @@ def composite_collectives(op: str, nbytes: float, ranks: int, levels: int | None
     those of the hierarchical layout (the method's `hierarchical_collectives`, levels resolved for the
     N/G voters; the momentum sync: an fp32 allreduce of the shard across nodes)."""
     n = composite_elements(int(nbytes))
+    if op != MOMENTUM_SYNC:
+        return method_collectives(methods.get(op), n, ranks, levels, node_size, grad_dtype)
     if node_size:
-        voters = ranks // node_size
-        if op == "momentum-sync":
-            shard = wire.shard_elements(n, node_size)
-            return [dataclasses.replace(c, scope="cross") for c in wire.momentum_sync_collectives(shard)] \
-                if voters > 1 else []
-        meth = methods.get(op)
-        lv = meth.resolve_levels(voters, levels) if meth.uses_levels else 0
+        shard = wire.shard_elements(n, node_size)
+        return [dataclasses.replace(c, scope="cross") for c in wire.momentum_sync_collectives(shard)] \
+            if ranks // node_size > 1 else []
+    return wire.momentum_sync_collectives(n) if ranks > 1 else []
+
+
+def method_collectives(meth: methods.Method, n: int, ranks: int, levels: int | None = None, node_size: int = 0,
+                       grad_dtype: str = "float32") -> list[wire.Collective]:
+    """The collectives method `meth` issues for a bucket of n parameters on `ranks` ranks (its `collectives`);
+    with node_size G, in the hierarchical layout (its `hierarchical_collectives`, levels resolved for the N/G
+    voters)."""
+    voters = ranks // node_size if node_size else ranks
+    lv = meth.resolve_levels(voters, levels) if meth.uses_levels else 0
+    if node_size:
         return meth.hierarchical_collectives(n, ranks, node_size, lv, grad_dtype)
-    if op == "momentum-sync":
-        return wire.momentum_sync_collectives(n) if ranks > 1 else []
-    meth = methods.get(op)
-    return meth.collectives(n, ranks, meth.resolve_levels(ranks, levels) if meth.uses_levels else 0)
+    return meth.collectives(n, ranks, lv, grad_dtype)
 
 
 def composite_elements(nbytes: int) -> int:
@@ -128,10 +142,13 @@ def simulate_collective(
         raise ValueError("no timeline for the hierarchical layout")
     node_size = cluster.gpus_per_node if hierarchical else 0
     colls = composite_collectives(op, nbytes, cluster.ranks, levels, node_size, grad_dtype)
-    total = _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact)
-    if hierarchical:
-        total.bytes_sent_per_rank, total.bytes_received_per_rank = wire.traffic(colls, cluster.ranks, node_size)
-    return total
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - {c.op for c in colls})
+        if unknown and colls:
+            raise ValueError(f"{op} issues {', '.join(sorted({c.op for c in colls}))}; "
+                             f"cannot set the algorithm of {', '.join(unknown)}")
+    return simulate_collectives(cluster, profile, op, colls, spec, nbytes, cache, exact=exact, timeline=timeline,
+                                node_size=node_size)
 
 
 def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, BackendProfile, dict | str]:
@@ -146,7 +163,7 @@ def _check_inputs(cluster, op, algorithm, size_bytes, backend) -> tuple[float, B
     profile = get_profile(backend)
     if op not in OPS:
         raise ValueError(f"unknown op {op!r}; choose one of: {', '.join(OPS)}")
-    spec = _parse_algorithm_spec(algorithm)
+    spec = parse_algorithm_spec(algorithm)
     if op in PRIMITIVES and isinstance(spec, dict):
         raise ValueError(f"an 'op=alg' algorithm spec is for composite ops, not {op!r}")
     return nbytes, profile, spec
@@ -157,22 +174,21 @@ def _simulate_primitive(cluster, profile, op, alg, nbytes, cache, timeline, exac
     times of the candidates simulated and the bounds of those pruned)."""
     if alg != "auto":
         check_algorithm(op, alg, cluster)
-        return _primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact)
+        return primitive(cluster, profile, op, alg, nbytes, cache, timeline, exact)
     c = choose(cluster, profile, op, nbytes, cache, exact)
-    res = _primitive(cluster, profile, op, c.algorithm, nbytes, None if timeline else cache, timeline, exact)
+    res = primitive(cluster, profile, op, c.algorithm, nbytes, None if timeline else cache, timeline, exact)
     return dataclasses.replace(res, candidates=c.seconds, pruned=c.pruned)  # the cached object stays as it was
 
 
-def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeline, exact):
-    """A lioncub composite: each collective it issues, one after the other (each starts on an idle
-    network), on the group its scope names; the parts add up."""
+def simulate_collectives(cluster: Cluster, profile: BackendProfile, name: str, colls: list[wire.Collective],
+                         spec: dict | str, nbytes: float, cache: Cache, *, exact: bool = False,
+                         timeline: bool = False, node_size: int = 0) -> CollectiveResult:
+    """What a method issues for a bucket (or a composite op of nbytes): each collective of `colls`, one after
+    the other (each starts on an idle network), on the group its scope names; the parts add up, reported as
+    `name`. spec: an algorithm name, "auto", or {op: algorithm} (auto for the ops it leaves out). node_size:
+    the hierarchical layout's G; bytes sent and received are then wire.traffic's."""
     t_wall = time.perf_counter()
-    if isinstance(spec, dict):
-        unknown = sorted(set(spec) - {c.op for c in colls})
-        if unknown and colls:
-            raise ValueError(f"{op} issues {', '.join(sorted({c.op for c in colls}))}; "
-                             f"cannot set the algorithm of {', '.join(unknown)}")
-    total = CollectiveResult(op, "", profile.name, cluster.ranks, nbytes, 0.0, 0.0, 0.0)
+    total = CollectiveResult(name, "", profile.name, cluster.ranks, nbytes, 0.0, 0.0, 0.0)
     total.timeline = {r: [] for r in range(cluster.ranks)} if timeline else None
     names = []
     for c in colls:
@@ -185,10 +201,12 @@ def _simulate_composite(cluster, profile, op, colls, spec, nbytes, cache, timeli
         else:
             check_algorithm(c.op, want, groups.topology(on) if groups else on)
             alg, times = want, None
-        part = _primitive(on, profile, c.op, alg, c.nbytes, cache, timeline, exact, groups)
+        part = primitive(on, profile, c.op, alg, c.nbytes, cache, timeline, exact, groups)
         _add_part(total, c, alg, times, part, pruned)
         names.append(f"{c.op}:{alg}" if c.scope == "world" else f"{c.scope} {c.op}:{alg}")
     total.algorithm = "+".join(names) or "none"
+    if node_size:
+        total.bytes_sent_per_rank, total.bytes_received_per_rank = wire.traffic(colls, cluster.ranks, node_size)
     total.wall_seconds = time.perf_counter() - t_wall
     return total
 

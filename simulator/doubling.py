@@ -1,7 +1,11 @@
 """Recursive doubling and halving: allreduce by recursive doubling and by Rabenseifner's halving-doubling
-(MPICH's folding for other p), reduce-scatter by halving, all-gather by recursive doubling and Bruck."""
+(MPICH's folding for other p), reduce-scatter by halving, all-gather by recursive doubling and Bruck; their
+lower bounds and records."""
 
 from __future__ import annotations
+
+from .algorithm import Algorithm
+from .hops import Hops, rounds
 
 
 def _recursive_doubling(ctx, members, n, label):
@@ -85,3 +89,65 @@ def allgather_bruck(ctx, n):
         size = min(d, p - d) * block
         yield from ctx.sendrecv((r - d) % p, (r + d) % p, size, ("bruck", d))
         d *= 2
+
+
+# ---- lower bounds (bounds.py) ---------------------------------------------------------------------------
+# Every rank of the power of two q starts round i no earlier than the earliest rank ended round i-1, so
+# rounds add up (no bytes bound: the chain is the bound).
+def _lg(p: int) -> int:
+    """lg q, q the largest power of two <= p."""
+    q = 1 << (p.bit_length() - 1)
+    return q.bit_length() - 1
+
+
+def _folded_bound(h: Hops, n: float, phases: list[tuple[list[float], bool]]) -> tuple[float, float]:
+    """The core's exchange rounds (phases of (sizes, reduced)). For other p (MPICH's folding) a folded rank's
+    result comes back after the core: fold-in, its reduction and the core's rounds on the odd rank (whose
+    peers may have sent early: its own sends only), then fold-out."""
+    p = h.p
+    q = 1 << (p.bit_length() - 1)
+    core = sum(rounds(h, sz, red) for sz, red in phases)
+    if q == p:
+        return core, 0.0
+    odd = h.cheapest(n) + h.gamma * n + sum(rounds(h, sz, red, latency=False) for sz, red in phases)
+    return max(core, odd) + h.cheapest(n), 0.0
+
+
+def _recursive_doubling_bound(h: Hops, n: float) -> tuple[float, float]:
+    return _folded_bound(h, n, [([n] * _lg(h.p), True)])
+
+
+def _rabenseifner_bound(h: Hops, n: float) -> tuple[float, float]:
+    rs = [n / 2 ** (i + 1) for i in range(_lg(h.p))]
+    return _folded_bound(h, n, [(rs, True), (list(reversed(rs)), False)])
+
+
+def _halving_bound(h: Hops, n: float) -> tuple[float, float]:
+    return rounds(h, [n / 2 ** (i + 1) for i in range(_lg(h.p))], True), 0.0
+
+
+def _allgather_doubling_bound(h: Hops, n: float) -> tuple[float, float]:
+    block = n / h.p
+    return rounds(h, [block * 2**i for i in range(_lg(h.p))], False), 0.0
+
+
+def _bruck_bound(h: Hops, n: float) -> tuple[float, float]:
+    p = h.p
+    block = n / p
+    sizes, d = [], 1
+    while d < p:
+        sizes.append(min(d, p - d) * block)
+        d *= 2
+    return rounds(h, sizes, False), 0.0
+
+
+# ---- the algorithms -------------------------------------------------------------------------------------
+ALLREDUCE_RECURSIVE_DOUBLING = Algorithm("allreduce", "recursive-doubling", allreduce_recursive_doubling,
+                                         symmetry="xor", bound=_recursive_doubling_bound)
+ALLREDUCE_RABENSEIFNER = Algorithm("allreduce", "rabenseifner", allreduce_rabenseifner, symmetry="xor",
+                                   bound=_rabenseifner_bound, libraries=("gloo",))
+REDUCESCATTER_HALVING = Algorithm("reducescatter", "halving", reducescatter_halving, symmetry="xor", pow2=True,
+                                  bound=_halving_bound)
+ALLGATHER_RECURSIVE_DOUBLING = Algorithm("allgather", "recursive-doubling", allgather_recursive_doubling,
+                                         symmetry="xor", pow2=True, bound=_allgather_doubling_bound)
+ALLGATHER_BRUCK = Algorithm("allgather", "bruck", allgather_bruck, symmetry="cyclic", bound=_bruck_bound)

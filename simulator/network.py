@@ -42,14 +42,18 @@ from __future__ import annotations
 import heapq
 from collections import deque
 from math import inf
+from typing import TYPE_CHECKING
 
 import simpy
 
 from .cluster import Cluster
-from .profiles import BackendProfile
+from .engine import settle, succeed_in
 
-_NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
-_PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
+
+NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
+PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
 BURST_SPEEDUP = 1000.0  # a port's capacity while it holds burst tokens, in line rates (memory speed)
 
 
@@ -109,7 +113,7 @@ class Network:
         self.conns: dict = {}
         self.classes: dict = {}
         self.active: list[FlowClass] = []  # classes with active connections
-        self._cpu_free: dict = {}  # rank -> time its communication thread is free
+        self.thread_free: dict = {}  # rank -> time its communication thread is free (ranks.py reads and books it)
         # burst credit: canonical port -> [tokens, bucket] in bytes of capacity; ports in burst now;
         # capacity used per port at the current rates
         self.tokens: dict = {}
@@ -137,8 +141,8 @@ class Network:
         t = now if at is None else max(at, now)
         if o > 0:
             # the sender's communication thread spends o per message, one message after another (LogGP)
-            ready = max(t, self._cpu_free.get(src, 0.0)) + o
-            self._cpu_free[src] = ready
+            ready = max(t, self.thread_free.get(src, 0.0)) + o
+            self.thread_free[src] = ready
             ev = self.env.timeout(ready - now)
             ev.callbacks.append(lambda _ev, m=msg: self._enqueue(m))
             ev.ff = ("enter", msg)  # what steady.signature sees of it
@@ -169,6 +173,34 @@ class Network:
         state (burst credit) is what it was; do not count the skipped time as idle time."""
         self._last = self.env.now
 
+    def jump(self, now: float, shift: float) -> None:
+        """The whole simulation moves on by `shift` seconds at `now` (steady.skip): busy communication
+        threads move with it; flows keep their progress and burst credit is what it was."""
+        free = self.thread_free
+        for r, t in list(free.items()):
+            if t > now:
+                free[r] = t + shift
+        self._last += shift
+
+    @property
+    def reallocation_due(self) -> bool:
+        """Rates are to be recomputed at this instant (a change is waiting to be coalesced)."""
+        return self._dirty
+
+    @property
+    def idle(self) -> bool:
+        """No flow has data and no reallocation is due."""
+        return not self.active and not self._dirty
+
+    def current_timer(self, gen: int) -> bool:
+        """Whether the completion timer scheduled as generation `gen` (its event's `ff`) is still the one
+        that counts (a reallocation since makes it stale: it will do nothing)."""
+        return gen == self._gen
+
+    def threads_idle(self, now: float) -> bool:
+        """Every rank's communication thread is free at `now`."""
+        return all(t <= now for t in self.thread_free.values())
+
     # ---- connections --------------------------------------------------------------------------------
     def _connect(self, src, dst, family) -> Connection:
         prof, cl = self.profile, self.cluster
@@ -178,8 +210,8 @@ class Network:
             links = [("host-tx", src)] + links + [("host-rx", dst)]
         counted: dict = {}
         for link in links:
-            cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in _NIC_LINKS else 1.0))
-            if link[0] in _NIC_LINKS:
+            cost = 1.0 / (eff * (prof.wire_efficiency if link[0] in NIC_LINKS else 1.0))
+            if link[0] in NIC_LINKS:
                 cost *= cl.nic_share
             canon = self.canonical(link)
             counted[canon] = counted.get(canon, 0.0) + cost
@@ -188,7 +220,7 @@ class Network:
                     self.capacity[canon] = prof.host_bandwidth
                 else:
                     self.capacity[canon] = cl.link_capacity(link)
-                    if prof.link_burst > 0 and link[0] in _PORTS:
+                    if prof.link_burst > 0 and link[0] in PORTS:
                         bucket = prof.link_burst * self.capacity[canon]
                         # the port has idled before the call: a full bucket
                         self.tokens[canon] = [bucket, bucket]
@@ -211,7 +243,7 @@ class Network:
         conn = msg.conn
         conn.queue.append(msg)
         if not conn.active:
-            self._advance()
+            self.advance()
             conn.active = True
             cls = conn.cls
             if cls.count == 0:
@@ -226,7 +258,7 @@ class Network:
                 self._mark_dirty()
 
     # ---- rates --------------------------------------------------------------------------------------
-    def _advance(self) -> None:
+    def advance(self) -> None:
         now = self.env.now
         dt = now - self._last
         if dt > 0:
@@ -282,7 +314,7 @@ class Network:
 
     def _reallocate(self, _ev=None) -> None:
         self._dirty = False
-        self._advance()
+        self.advance()
         self.reallocations += 1
         if not self.active:
             self._usage = {}
@@ -314,7 +346,7 @@ class Network:
     def _on_timer(self, gen: int) -> None:
         if gen != self._gen:
             return
-        self._advance()
+        self.advance()
         # a port that ran out of burst goes back to its line rate: recompute the rates. Within a
         # nanosecond of running dry counts as dry (float round-off must not re-arm a zero-length timer).
         stopped = False
@@ -357,7 +389,7 @@ class Network:
         if ev.callbacks:
             ev.succeed()
         else:
-            ev._ok, ev._value, ev.callbacks = True, None, None
+            settle(ev)
 
     def _deliver(self, msg: Message) -> None:
         """Its last byte arrives `latency` after it left: schedule the receiver's event for then (one event;
@@ -369,8 +401,7 @@ class Network:
         elif self.rendezvous:
             self.env.timeout(msg.latency).callbacks.append(lambda _ev: d.succeed())
         else:
-            d._ok, d._value = True, None
-            self.env.schedule(d, simpy.events.NORMAL, msg.latency)
+            succeed_in(d, msg.latency)
 
 
 def allocate(classes: list[FlowClass], capacity: dict) -> None:
@@ -380,16 +411,29 @@ def allocate(classes: list[FlowClass], capacity: dict) -> None:
     rate * cost over its connections = capacity) or a connection reaches its cap; those connections are
     frozen at that rate and the rest keep rising.
     """
-    if len(classes) == 1:  # the same arithmetic as below, for one class
-        c = classes[0]
-        w = c.weight * c.count
-        level = min(capacity[link] / (w * cost) for link, cost in c.links)
-        level = max(min(level, c.cap / c.weight), 0.0)
-        if c.cap / c.weight <= level * (1 + 1e-9):
-            c.rate = min(c.cap, c.weight * level)
-        else:
-            c.rate = c.weight * level
+    if len(classes) == 1:
+        _allocate_alone(classes[0], capacity)
         return
+    rem, load = _loads(classes, capacity)
+    unfrozen = list(classes)
+    while unfrozen:
+        level = _next_level(unfrozen, rem, load)
+        unfrozen = _freeze(unfrozen, level, rem, load)
+
+
+def _allocate_alone(c: FlowClass, capacity: dict) -> None:
+    """One class: the same arithmetic as progressive filling, in one round."""
+    w = c.weight * c.count
+    level = min(capacity[link] / (w * cost) for link, cost in c.links)
+    level = max(min(level, c.cap / c.weight), 0.0)
+    if c.cap / c.weight <= level * (1 + 1e-9):
+        c.rate = min(c.cap, c.weight * level)
+    else:
+        c.rate = c.weight * level
+
+
+def _loads(classes: list[FlowClass], capacity: dict) -> tuple[dict, dict]:
+    """Per link crossed: (capacity not yet given out, weight of the connections crossing it, by cost)."""
     rem: dict = {}
     load: dict = {}
     for c in classes:
@@ -400,37 +444,45 @@ def allocate(classes: list[FlowClass], capacity: dict) -> None:
             else:
                 load[link] = w * cost
                 rem[link] = capacity[link]
-    unfrozen = list(classes)
-    while unfrozen:
-        level = inf
-        for link, ld in load.items():
-            v = rem[link] / ld
-            if v < level:
-                level = v
-        for c in unfrozen:
-            v = c.cap / c.weight
-            if v < level:
-                level = v
-        if level == inf:  # cannot happen: every connection crosses a link
-            raise RuntimeError("unbounded flow")
-        level = max(level, 0.0)
-        thresh = level * (1 + 1e-9)
-        full = {link for link, ld in load.items() if rem[link] / ld <= thresh}
-        keep = []
-        for c in unfrozen:
-            if c.cap / c.weight <= thresh:
-                c.rate = min(c.cap, c.weight * level)
-            elif any(link in full for link, _ in c.links):
-                c.rate = c.weight * level
-            else:
-                keep.append(c)
-                continue
-            for link, cost in c.links:
-                if link in load:
-                    rem[link] -= c.rate * c.count * cost
-                    load[link] -= c.weight * c.count * cost
-        for link in full:
-            load.pop(link, None)
-        for link in [k for k, v in load.items() if v <= 1e-12]:
-            del load[link]
-        unfrozen = keep
+    return rem, load
+
+
+def _next_level(unfrozen: list[FlowClass], rem: dict, load: dict) -> float:
+    """The level at which the next link fills up or the next connection reaches its cap."""
+    level = inf
+    for link, ld in load.items():
+        v = rem[link] / ld
+        if v < level:
+            level = v
+    for c in unfrozen:
+        v = c.cap / c.weight
+        if v < level:
+            level = v
+    if level == inf:  # cannot happen: every connection crosses a link
+        raise RuntimeError("unbounded flow")
+    return max(level, 0.0)
+
+
+def _freeze(unfrozen: list[FlowClass], level: float, rem: dict, load: dict) -> list[FlowClass]:
+    """Freeze the classes at their cap or on a link full at `level`, take their share off their links;
+    the classes still rising."""
+    thresh = level * (1 + 1e-9)
+    full = {link for link, ld in load.items() if rem[link] / ld <= thresh}
+    keep = []
+    for c in unfrozen:
+        if c.cap / c.weight <= thresh:
+            c.rate = min(c.cap, c.weight * level)
+        elif any(link in full for link, _ in c.links):
+            c.rate = c.weight * level
+        else:
+            keep.append(c)
+            continue
+        for link, cost in c.links:
+            if link in load:
+                rem[link] -= c.rate * c.count * cost
+                load[link] -= c.weight * c.count * cost
+    for link in full:
+        load.pop(link, None)
+    for link in [k for k, v in load.items() if v <= 1e-12]:
+        del load[link]
+    return keep

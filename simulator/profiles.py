@@ -30,7 +30,11 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lioncub import methods
 from lioncub.files import read_json
+
+from .algorithm import PRIMITIVES
+from .registry import ALL_ALGORITHMS, library_algorithms
 
 # Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
 # - 12 (TCP timestamp option) = 1448 payload bytes and takes 1500 + 14 (header) + 4 (FCS) + 8 (preamble)
@@ -38,18 +42,9 @@ from lioncub.files import read_json
 ETH_OVERHEAD = 14 + 4 + 8 + 12
 IP_TCP_OVERHEAD = 20 + 20 + 12
 
-FAMILIES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce", "p2p")
-# kernels whose speed `codec_bandwidth` can give: each method's codec, the Lion update, the 1-bit vote
-CODEC_KERNELS = ("vote-allgather", "vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "allreduce", "update", "vote")
-
-ALL_ALGORITHMS = {
-    "allreduce": ["ring", "recursive-doubling", "rabenseifner", "binomial-tree", "hierarchical"],
-    "allgather": ["ring", "recursive-doubling", "bruck"],
-    "reducescatter": ["ring", "halving"],
-    "alltoall": ["pairwise", "all-at-once"],
-    "broadcast": ["binomial-tree"],
-    "reduce": ["binomial-tree"],
-}
+FAMILIES = (*PRIMITIVES, "p2p")
+# kernels whose speed `codec_bandwidth` can give: each method's codec (by its name), the Lion update, the 1-bit vote
+CODEC_KERNELS = (*methods.NAMES, "update", "vote")
 
 
 def tcp_efficiency(mtu: int = 1500) -> float:
@@ -93,7 +88,7 @@ class BackendProfile:
     rendezvous: sends wait for the receiver's ready-to-receive notice, as on Gloo's TCP pairs: a rank
         posting a receive sends a small notice to the sender on its own connection (behind any data it
         queued there), and the sender's data goes out once the notice has arrived. It acts in the
-        algorithms Gloo runs, in Gloo's form (RENDEZVOUS_FORMS in collectives.py): the all-reduce ring in
+        algorithms Gloo runs, in Gloo's form (an Algorithm's `rendezvous`, registry.py): the all-reduce ring in
         segments of at most slice_bytes (at least two per rank's chunk, two in flight, each receive
         posted before its send), the all-gather ring in half blocks (send posted first), the all-to-all
         with every send and receive posted at once (send first). Small messages then pay a handshake
@@ -246,14 +241,7 @@ def nccl() -> BackendProfile:
         window_bytes=None,  # several sockets per peer, large buffers
         channels=2,
         slice_bytes=1 << 20,  # NCCL_BUFFSIZE 4 MiB / NCCL_STEPS 8 * SLICESTEPS 2
-        algorithms={
-            "allreduce": ["ring", "binomial-tree"],
-            "allgather": ["ring"],
-            "reducescatter": ["ring"],
-            "alltoall": ["all-at-once"],
-            "broadcast": ["binomial-tree"],
-            "reduce": ["binomial-tree"],
-        },
+        algorithms=library_algorithms("nccl"),  # ring, binomial-tree; ring; ring; all-at-once; trees
     )
 
 
@@ -268,14 +256,8 @@ def gloo() -> BackendProfile:
         window_bytes=3 * 2**20,  # tcp_rmem max 6 MiB, half advertised
         channels=1,
         slice_bytes=None,
-        algorithms={
-            "allreduce": ["ring", "rabenseifner"],  # allreduce_ring(_chunked), allreduce_halving_doubling
-            "allgather": ["ring"],
-            "reducescatter": ["ring"],
-            "alltoall": ["all-at-once"],
-            "broadcast": ["binomial-tree"],
-            "reduce": ["binomial-tree"],
-        },
+        # allreduce_ring(_chunked), allreduce_halving_doubling; ring; ring; all-at-once; trees
+        algorithms=library_algorithms("gloo"),
     )
 
 

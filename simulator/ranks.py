@@ -16,14 +16,18 @@ state (steady.py). Sim(fast=False), the exact run, does none of that.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import simpy
 
 from . import steady
 from .cluster import Cluster
+from .engine import succeed_in
 from .network import Network
-from .profiles import BackendProfile
 from .symmetry import Symmetry
+
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
 
 
 class Sim:
@@ -52,10 +56,19 @@ class Sim:
         every communication thread idle: what happens next depends only on what the running process
         does next."""
         env, net = self.env, self.net
-        if env._queue or self.mailbox or net.active or net._dirty:
+        if env.peek() < math.inf or self.mailbox or not net.idle:
             return False
-        now = env.now
-        return all(t <= now for t in net._cpu_free.values())
+        return net.threads_idle(env.now)
+
+    def box(self, key) -> simpy.Event:
+        """The event of message key = (src, dst, tag): the one its receive waits on and its arrival
+        triggers. Whichever side comes first creates it; the other takes it out of the mailbox."""
+        box = self.mailbox
+        ev = box.pop(key, None)
+        if ev is None:
+            ev = self.env.event()
+            box[key] = ev
+        return ev
 
 
 class _Deferred:
@@ -87,22 +100,14 @@ class Rank:
         self._steady: list = []  # the states at the last fast_forward points
 
     # ---- primitives ---------------------------------------------------------------------------------
-    def _box(self, key) -> simpy.Event:
-        box = self.sim.mailbox
-        ev = box.pop(key, None)
-        if ev is None:
-            ev = self.env.event()
-            box[key] = ev
-        return ev
-
     def send(self, dst: int, nbytes: float, tag):
         """Hand nbytes for rank dst to the network; returns the Message (its .sent event fires when the
         last byte has left). Does not wait. In rendezvous mode the message is handed over only once dst's
         ready notice for this tag has arrived (at once if it already has)."""
         sim = self.sim
-        delivered = self._box((self.r, dst, tag))
+        delivered = self.sim.box((self.r, dst, tag))
         if sim.rendezvous:
-            notice = self._box((dst, self.r, ("ready", tag)))
+            notice = self.sim.box((dst, self.r, ("ready", tag)))
             if notice.triggered:
                 msg = sim.net.submit(self.r, dst, nbytes, self.family, delivered)
             else:
@@ -133,9 +138,9 @@ class Rank:
     def recv(self, src: int, tag, nbytes: float) -> simpy.Event:
         """The event of the message from rank src with this tag arriving here."""
         s, d = self.sim.sym.to_rep(src, self.r)
-        ev = self._box((s, d, tag))
+        ev = self.sim.box((s, d, tag))
         if self.sim.rendezvous:  # tell src we are ready: a control message on our connection to src
-            self.sim.net.submit(self.r, src, 0.0, self.family, self._box((d, s, ("ready", tag))))
+            self.sim.net.submit(self.r, src, 0.0, self.family, self.sim.box((d, s, ("ready", tag))))
         self.bytes_received += nbytes
         if self.events is not None:
             t0 = self.env.now
@@ -158,11 +163,7 @@ class Rank:
         yield self.env.all_of([msg.sent, ev])
 
     def slices(self, chunk: float) -> list[float]:
-        s = self.sim.profile.slice_bytes
-        if s is None or chunk <= s:
-            return [chunk]
-        m = math.ceil(chunk / s)
-        return [chunk / m] * m
+        return slices(self.sim.profile.slice_bytes, chunk)
 
     def send_each(self, msgs: list[tuple]):
         """Send [(dst, nbytes, tag)] one after another, each once the previous one has left (a generator:
@@ -173,13 +174,13 @@ class Rank:
         lone flow (the network's own allocation, per path), and the train costs one event; arrivals are
         handed to `arrive_at`."""
         sim, net = self.sim, self.sim.net
-        if not (sim.fast and sim.solo and sim.profile.link_burst == 0 and not net.active and not net._dirty):
+        if not (sim.fast and sim.solo and sim.profile.link_burst == 0 and net.idle):
             for dst, nb, tag in msgs:
                 yield self.send(dst, nb, tag).sent
             return
         o, now = sim.profile.message_overhead, self.env.now
         t = now
-        cpu = max(now, net._cpu_free.get(self.r, 0.0))
+        cpu = max(now, net.thread_free.get(self.r, 0.0))
         for dst, nb, tag in msgs:
             per_byte, latency = net.lone(self.r, dst, self.family)
             cpu = max(t, cpu) + o
@@ -187,15 +188,13 @@ class Rank:
             self.arrive_at(dst, tag, t + latency)
             sim.messages += 1
             self._count(dst, nb)
-        net._cpu_free[self.r] = cpu
+        net.thread_free[self.r] = cpu
         if t > now:
             yield self.env.timeout(t - now)
 
     def arrive_at(self, dst: int, tag, t: float) -> None:
         """A train's message to dst arrives at time t."""
-        ev = self._box((self.r, dst, tag))
-        ev._ok, ev._value = True, None
-        self.env.schedule(ev, simpy.events.NORMAL, t - self.env.now)
+        succeed_in(self.sim.box((self.r, dst, tag)), t - self.env.now)
 
     def exchange(self, sends: list[tuple], recvs: list[tuple]) -> simpy.Event:
         """Post sends [(dst, nbytes, tag)] and receives [(src, tag, nbytes)] all at once, pairwise in
@@ -233,7 +232,7 @@ class Rank:
         if max(sizes) * per_byte >= o * (1 - 1e-9):
             return None
         now = self.env.now
-        t = max(now, net._cpu_free.get(r, 0.0))
+        t = max(now, net.thread_free.get(r, 0.0))
         if len(sizes) == 1:
             t += len(sends) * o
             last_sent = t + sizes.pop() * per_byte
@@ -242,7 +241,7 @@ class Rank:
             for _, nb, _ in sends:
                 t += o
                 last_sent = max(last_sent, t + nb * per_byte)
-        net._cpu_free[r] = t
+        net.thread_free[r] = t
         sim.messages += len(sends)
         for dst, nb, _ in sends:
             self._count(dst, nb)
@@ -295,3 +294,11 @@ class Rank:
         self.pending = []
         if waiting:
             yield self.env.all_of(waiting)
+
+
+def slices(slice_bytes: float | None, chunk: float) -> list[float]:
+    """A chunk cut into equal slices of at most slice_bytes (the profile's pipelining; None: one piece)."""
+    if slice_bytes is None or chunk <= slice_bytes:
+        return [chunk]
+    m = math.ceil(chunk / slice_bytes)
+    return [chunk / m] * m

@@ -1,94 +1,91 @@
-"""The algorithms by op, the ops, and which algorithm runs where.
+"""The collective algorithms the simulator knows, by op: one `Algorithm` record each (algorithm.py), defined in
+the module of its program. Their order here is the order profiles list them in and `auto` breaks ties by.
 
-ALGORITHMS[op][name] is a generator fn(ctx, n) run by every (representative) rank; n follows the SIZE
-convention of `simulate_collective`. RENDEZVOUS_FORMS are the forms Gloo runs with its handshake.
+Adding an algorithm is its record in its module and one line in BUILTIN (docs/SIMULATOR.md: Adding a
+collective algorithm); `register` adds a record at run time (a test, a user's own algorithm).
 """
 
 from __future__ import annotations
 
-from lioncub import methods
-
-from .alltoall import alltoall_all_at_once, alltoall_pairwise
+from . import alltoall, doubling, rings, trees
+from .algorithm import LIBRARIES, PRIMITIVES, Algorithm
 from .cluster import Cluster
-from .doubling import (
-    allgather_bruck,
-    allgather_recursive_doubling,
-    allreduce_rabenseifner,
-    allreduce_recursive_doubling,
-    reducescatter_halving,
-)
-from .profiles import ALL_ALGORITHMS
-from .rings import (
-    allgather_ring,
-    allgather_ring_halves,
-    allreduce_hierarchical,
-    allreduce_ring,
-    allreduce_ring_segmented,
-    reducescatter_ring,
-)
 from .symmetry import pow2
-from .trees import allreduce_binomial_tree, broadcast_binomial_tree, reduce_binomial_tree
 
-PRIMITIVES = tuple(ALL_ALGORITHMS)  # allreduce, allgather, reducescatter, alltoall, broadcast, reduce
-# lioncub's composite ops: every method but the fp32 "allreduce" (a primitive), and the momentum sync
-COMPOSITES = tuple(op for op in methods.NAMES if op != "allreduce") + ("momentum-sync",)
-OPS = PRIMITIVES + COMPOSITES
-
-ALGORITHMS = {
-    "allreduce": {
-        "ring": allreduce_ring,
-        "recursive-doubling": allreduce_recursive_doubling,
-        "rabenseifner": allreduce_rabenseifner,
-        "binomial-tree": allreduce_binomial_tree,
-        "hierarchical": allreduce_hierarchical,
-    },
-    "allgather": {"ring": allgather_ring, "recursive-doubling": allgather_recursive_doubling,
-                  "bruck": allgather_bruck},
-    "reducescatter": {"ring": reducescatter_ring, "halving": reducescatter_halving},
-    "alltoall": {"pairwise": alltoall_pairwise, "all-at-once": alltoall_all_at_once},
-    "broadcast": {"binomial-tree": broadcast_binomial_tree},
-    "reduce": {"binomial-tree": reduce_binomial_tree},
-}
+ALGORITHMS: dict[str, dict[str, Algorithm]] = {op: {} for op in PRIMITIVES}
+# the names by op: every profile's choice unless it lists its own (profiles.BackendProfile.algorithms)
+ALL_ALGORITHMS: dict[str, list[str]] = {op: [] for op in PRIMITIVES}
 
 
-# profile.rendezvous runs these algorithms in Gloo's form, with the handshake (see BackendProfile).
-RENDEZVOUS_FORMS = {
-    ("allreduce", "ring"): allreduce_ring_segmented,
-    ("allgather", "ring"): allgather_ring_halves,
-    ("alltoall", "all-at-once"): alltoall_all_at_once,
-}
+def register(alg: Algorithm) -> Algorithm:
+    """Make `alg` known: by name (`algorithm=`), to the profiles of its libraries and to every profile that
+    does not list its own algorithms (so to `auto`)."""
+    if not isinstance(alg, Algorithm):
+        raise ValueError(f"register takes an Algorithm record, got {type(alg).__name__}")
+    if alg.name in ALGORITHMS[alg.op]:
+        raise ValueError(f"{alg.op} algorithm {alg.name!r} is already registered")
+    ALGORITHMS[alg.op][alg.name] = alg
+    ALL_ALGORITHMS[alg.op].append(alg.name)
+    return alg
 
 
-def entry_order_matters(op: str, alg: str, p: int) -> bool:
-    """Whether ranks entering one after another can serialize this rendezvous form: it must post a send
-    before the receive from the same peer, on a connection that carries data both ways (the all-to-all;
-    the ring all-gather only on 2 ranks, where the next rank is the previous one; the all-reduce posts
-    every receive first)."""
-    return (op, alg) == ("alltoall", "all-at-once") or ((op, alg) == ("allgather", "ring") and p == 2)
+def unregister(alg: Algorithm) -> None:
+    """Forget a record `register` added (a test's, once it is done)."""
+    if ALGORITHMS[alg.op].get(alg.name) is not alg:
+        raise ValueError(f"{alg.op} algorithm {alg.name!r} is not this record")
+    del ALGORITHMS[alg.op][alg.name]
+    ALL_ALGORITHMS[alg.op].remove(alg.name)
 
 
-def symmetry_kind(op: str, alg: str, p: int) -> str | None:
-    if alg in ("ring", "bruck", "pairwise", "all-at-once", "hierarchical"):
-        return "cyclic"
-    if alg in ("recursive-doubling", "rabenseifner", "halving"):
-        return "xor" if pow2(p) else None
-    return None  # trees have a root
+BUILTIN = (
+    rings.ALLREDUCE_RING,
+    doubling.ALLREDUCE_RECURSIVE_DOUBLING,
+    doubling.ALLREDUCE_RABENSEIFNER,
+    trees.ALLREDUCE_BINOMIAL_TREE,
+    rings.ALLREDUCE_HIERARCHICAL,
+    rings.ALLGATHER_RING,
+    doubling.ALLGATHER_RECURSIVE_DOUBLING,
+    doubling.ALLGATHER_BRUCK,
+    rings.REDUCESCATTER_RING,
+    doubling.REDUCESCATTER_HALVING,
+    alltoall.ALLTOALL_PAIRWISE,
+    alltoall.ALLTOALL_ALL_AT_ONCE,
+    trees.BROADCAST_BINOMIAL_TREE,
+    trees.REDUCE_BINOMIAL_TREE,
+)
+for _alg in BUILTIN:
+    register(_alg)
+
+
+def library_algorithms(library: str) -> dict[str, list[str]]:
+    """{op: [names]} of the algorithms a library implements (a built-in profile's `algorithms`)."""
+    if library not in LIBRARIES:
+        raise ValueError(f"unknown library {library!r}; choose one of: {', '.join(LIBRARIES)}")
+    out = {op: [name for name, a in algs.items() if library in a.libraries] for op, algs in ALGORITHMS.items()}
+    return {op: names for op, names in out.items() if names}
+
+
+def get(op: str, alg: str) -> Algorithm:
+    """The record of `alg` for `op`; ValueError naming the choices if there is none."""
+    if op not in ALGORITHMS:
+        raise ValueError(f"unknown op {op!r}; choose one of: {', '.join(ALGORITHMS)}")
+    if alg not in ALGORITHMS[op]:
+        raise ValueError(f"unknown {op} algorithm {alg!r}; choose one of: {', '.join(ALGORITHMS[op])}, auto")
+    return ALGORITHMS[op][alg]
 
 
 def check_algorithm(op: str, alg: str, cluster: Cluster) -> None:
     """Raise ValueError if `alg` cannot run `op` on this cluster."""
-    if op not in ALGORITHMS:
-        raise ValueError(f"unknown op {op!r}; choose one of: {', '.join(OPS)}")
-    if alg not in ALGORITHMS[op]:
-        raise ValueError(f"unknown {op} algorithm {alg!r}; choose one of: {', '.join(ALGORITHMS[op])}, auto")
     p = cluster.ranks
-    if (op, alg) in (("allgather", "recursive-doubling"), ("reducescatter", "halving")) and not pow2(p):
+    if get(op, alg).pow2 and not pow2(p):
         raise ValueError(f"{op} {alg} needs a power-of-two number of ranks, got {p}")
 
 
 def valid(op, alg, cluster) -> bool:
+    """Whether `auto` may choose `alg` on this cluster: it can run there and is not another algorithm there."""
     try:
         check_algorithm(op, alg, cluster)
     except ValueError:
         return False
-    return not (alg == "hierarchical" and cluster.gpus_per_node == 1)  # identical to ring
+    redundant = ALGORITHMS[op][alg].redundant_on
+    return redundant is None or not redundant(cluster)

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lioncub.comm import wire
 
-from .profiles import ALL_ALGORITHMS
+from .algorithm import PRIMITIVES
 
 
 @dataclass
@@ -56,7 +56,7 @@ class CollectiveResult:
     @property
     def busbw(self) -> float | None:
         """algbw times nccl-tests' bus factor (primitives only), bytes per second."""
-        return self.algbw * wire.bus_factor(self.op, self.ranks) if self.op in ALL_ALGORITHMS else None
+        return self.algbw * wire.bus_factor(self.op, self.ranks) if self.op in PRIMITIVES else None
 
     def to_dict(self) -> dict:
         d = {

@@ -7,10 +7,9 @@ import gc
 import time
 from contextlib import contextmanager
 
-from . import tree_classes
 from .groups import GroupRank
 from .ranks import Rank, Sim
-from .registry import ALGORITHMS, RENDEZVOUS_FORMS, entry_order_matters, symmetry_kind
+from .registry import ALGORITHMS
 from .results import CollectiveResult
 from .symmetry import Symmetry
 
@@ -43,10 +42,11 @@ def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, gr
         res = CollectiveResult(op, alg, profile.name, p, nbytes, 0.0, 0.0, 0.0)
         res.timeline = {0: []} if timeline else None
         return res
-    if profile.rendezvous and (op, alg) in RENDEZVOUS_FORMS:
+    rec = ALGORITHMS[op][alg]
+    if profile.rendezvous and rec.rendezvous:
         # Gloo's handshake: a fraction rendezvous_stagger of the calls with the ranks entering one after
         # another (every rank simulated), the others with all entering together.
-        f = profile.rendezvous_stagger if entry_order_matters(op, alg, p) else 0.0
+        f = profile.rendezvous_stagger if rec.matters_in_order(p) else 0.0
         together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
                                    exact=exact, groups=groups)
         if f > 0:
@@ -54,10 +54,11 @@ def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, gr
             together.seconds = (1 - f) * together.seconds + f * apart.seconds
         together.wall_seconds = time.perf_counter() - t_wall
         return together
-    if alg == "binomial-tree" and not (exact or timeline or groups) and tree_classes.applies(cluster, profile, op):
-        res = tree_classes.run(cluster, profile, op, nbytes)
-    else:
-        res = _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg], timeline=timeline, exact=exact,
+    res = None
+    if rec.by_classes and not (exact or timeline or groups):
+        res = rec.by_classes(cluster, profile, op, nbytes)
+    if res is None:
+        res = _run_once(cluster, profile, op, alg, nbytes, rec.program, timeline=timeline, exact=exact,
                         groups=groups)
     res.wall_seconds = time.perf_counter() - t_wall
     return res
@@ -71,7 +72,7 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
     entry to the last rank's end (the gap is a device to order the entries, not a delay to charge)."""
     lat = max(cluster.latency, cluster.intra_latency)
     gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
-    return _run_once(cluster, profile, op, alg, nbytes, RENDEZVOUS_FORMS[op, alg], rendezvous=True, gap=gap,
+    return _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg].rendezvous, rendezvous=True, gap=gap,
                      timeline=timeline, exact=exact or staggered, groups=groups)
 
 
@@ -83,7 +84,7 @@ def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, g
     if groups is not None and timeline:
         raise ValueError("no timeline for collectives on sub-groups")
     # groups: every rank of every group (the exact run: groups.py)
-    sym = Symmetry.choose(cluster, None if exact or groups else symmetry_kind(op, alg, p))
+    sym = Symmetry.choose(cluster, None if exact or groups else ALGORITHMS[op][alg].symmetry)
     sim = Sim(cluster, profile, sym, timeline, rendezvous=rendezvous, fast=not exact)
     procs = [Rank(sim, r, op) for r in sym.reps]
     ranks = procs if groups is None else [GroupRank(c, groups, cluster) for c in procs]
@@ -148,7 +149,7 @@ class Cache:
         return (cluster, pk[1], op, alg, float(nbytes), groups)
 
 
-def _primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False, groups=None):
+def primitive(cluster, profile, op, alg, nbytes, cache: Cache | None, timeline=False, exact=False, groups=None):
     """op/alg simulated, or from the cache (exact runs and timelines are not cached)."""
     if cache is None or timeline or exact:
         return _run_primitive(cluster, profile, op, alg, nbytes, timeline, exact, groups)

@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import math
 
+from .engine import jump, scheduled
+
 _REL = 1e-9  # floats of two signatures agree within this fraction (of the larger) ...
 _ABS = 1e-12  # ... plus this many seconds per second of simulated time (round-off grows with the clock)
 
@@ -54,19 +56,19 @@ class _Same:
 def signature(sim, tags=None):
     """(structure, floats) of the simulation's state relative to now, or None if it cannot be told."""
     env, net = sim.env, sim.net
-    if net._dirty:
+    if net.reallocation_due:
         return None
     tags = tags or _Same
     rel = tags.rel
     now = env.now
-    net._advance()
+    net.advance()
     items = []
-    for t, _prio, _eid, ev in env._queue:
+    for t, _prio, _eid, ev in scheduled(env):
         d = getattr(ev, "ff", None)
         if d is None:
             return None
         if d[0] == "timer":
-            if d[1] == net._gen:
+            if net.current_timer(d[1]):
                 items.append((("timer",), (t - now,)))
             continue  # a stale timer does nothing
         if d[0] == "deliver":  # ["deliver", connection, size, tag]
@@ -88,7 +90,7 @@ def signature(sim, tags=None):
         if ev.callbacks:  # someone waits on it: a process whose program we cannot see
             return None
         items.append((("box", src, dst, rel(tag), ev.triggered), ()))
-    for r, t in net._cpu_free.items():
+    for r, t in net.thread_free.items():
         if t > now:
             items.append((("cpu", r), (t - now,)))
     for link, tb in net.tokens.items():
@@ -117,22 +119,16 @@ def skip(sim, m: int, period: float, tags=None) -> None:
             moved.add(id(msg))
             msg.tag = tags.shift(msg.tag, m)
 
-    queue = []
-    for t, prio, eid, ev in env._queue:
+    for _t, _prio, _eid, ev in scheduled(env):
         d = getattr(ev, "ff", None)
         if d is not None and d[0] == "enter":
             move(d[1])
         elif d is not None and d[0] == "deliver":
             d[3] = tags.shift(d[3], m)
-        queue.append((t + shift, prio, eid, ev))
-    env._queue[:] = queue  # a uniform shift keeps the heap order
+    jump(env, shift)
     for c in net.active:
         for _target, _seq, conn in c.heap:
             for msg in conn.queue:
                 move(msg)
     sim.mailbox = {(s, d, tags.shift(t, m)): ev for (s, d, t), ev in sim.mailbox.items()}
-    for r, t in list(net._cpu_free.items()):
-        if t > now:
-            net._cpu_free[r] = t + shift
-    env._now = now + shift  # the running process goes on from the new time (SimPy keeps it in _now)
-    net._last += shift  # flows keep their progress; burst credit is what it was
+    net.jump(now, shift)

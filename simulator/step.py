@@ -1,16 +1,17 @@
 """Training-step model: compute, codec kernels, communication and how much of it is exposed.
 
-Baseline (`method="allreduce"`): PyTorch DDP, and LionCub's allreduce. Gradients are grouped into buckets
-of `bucket_mb` MiB (in reverse layer order); a bucket's allreduce can start once backward has produced it,
-and buckets are reduced one after another on one communication stream, overlapping the rest of backward.
+Every method is costed the same way: a bucket's exchange is the collectives the method issues for it (its
+`collectives` in lioncub.methods, simulated one after another). Gradients are grouped into buckets of
+`bucket_mb` MiB (in reverse layer order); a bucket's exchange can start once backward has produced it, and
+buckets are exchanged one after another on one communication stream, overlapping the rest of backward.
 Only the tail that outlasts backward is exposed. Then every rank runs the Lion update locally.
 
-lioncub's compressed methods (`vote-allgather`, `vote-1bit`, `vote-pbit`, `avg-pbit`, `l1-pbit`) overlap the
-same way (lioncub.optim.overlap): per bucket, once backward has produced it, encode (codec kernel) and the
-method's collectives (its `collectives` in lioncub.methods), one bucket after another; at the end of
-backward one control allreduce (lioncub.comm.wire.CONTROL); then decode and update. Every K steps the momentum
-is averaged with an fp32 allreduce of all parameters (bucketed the same way) after the update; that cost
-is amortized as 1/K per step.
+A dense method (the baseline, methods.BASELINE: PyTorch DDP, and LionCub's allreduce) averages the
+gradients: nothing more. A method with a codec (methods.COMPRESSED) overlaps the same way
+(lioncub.optim.overlap): per bucket encode (codec kernel) and its collectives; at the end of backward one
+control allreduce (lioncub.comm.wire.CONTROL); then decode and update. Every K steps the momentum is averaged
+with an fp32 allreduce of all parameters (bucketed the same way) after the update; that cost is amortized as
+1/K per step.
 
 With `overlap=False` every bucket waits for the end of backward, as `LionCub(..., overlap=False)` does (it
 communicates inside step(): the control allreduce first, then the buckets).
@@ -44,13 +45,24 @@ from lioncub import methods
 from lioncub.comm import wire
 
 from .cluster import Cluster
-from .collectives import ALGORITHMS, Cache, _parse_algorithm_spec, composite_collectives, simulate_collective
+from .collectives import (
+    ALGORITHMS,
+    MOMENTUM_SYNC,
+    Cache,
+    composite_collectives,
+    method_collectives,
+    parse_algorithm_spec,
+    simulate_collective,
+    simulate_collectives,
+)
 from .profiles import get_profile
+from .results import CollectiveResult
 from .units import parse_byte_rate, parse_count, parse_time
 
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
 DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
 GRAD_DTYPES = ("float32", "bfloat16", "float16")
+CONTROL = f"control {wire.CONTROL.op}"  # how StepResult.collectives lists the step's control message
 
 
 @dataclass
@@ -106,107 +118,147 @@ def _buckets(params: int, bucket_bytes: float) -> list[tuple[int, int]]:
 
 
 def simulate_step(
-    cluster: Cluster,
-    method: str = "allreduce",
-    params=None,
-    momentum_sync: int | None = None,
-    bucket_mb: float = 25.0,
-    compute_seconds=None,
-    flops_per_second=None,
-    tokens_per_step=None,
-    backend="nccl",
-    algorithm="auto",
-    *,
-    grad_dtype: str = "float32",
-    levels: int | None = None,
-    memory_bandwidth="2TB/s",
-    backward_fraction: float = 2 / 3,
-    overlap: bool = True,
-    cache: Cache | None = None,
-    exact: bool = False,
-    hierarchical: bool = False,
-    _baseline: bool = True,
+    cluster: Cluster, method: str | methods.Method = methods.BASELINE, params=None, momentum_sync: int | None = None,
+    bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
+    algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
+    backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
+    hierarchical: bool = False, _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
+    method: a name in lioncub.methods.NAMES, or a `Method` (costed by the collectives it declares).
     params: number of parameters (int, or '1.3B').
-    momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by `allreduce`.
+    momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by a dense method.
     bucket_mb: bucket size in MiB of fp32 gradients (DDP's bucket_cap_mb; lioncub uses the same).
     compute_seconds: forward + backward time per step; or give flops_per_second and tokens_per_step
         (per rank) for 6 * params * tokens / flops.
     algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
         "op=alg,..." (see simulate_collective).
-    grad_dtype: "float32" or "bfloat16" for the allreduce method (DDP's bf16 compression hook).
+    grad_dtype: the gradients' dtype on the wire ("float32", "bfloat16", "float16") where the method sends
+        them: a dense method's allreduce (DDP's bf16 compression hook), the hierarchical reduce-scatter.
     overlap: each bucket is exchanged as soon as backward has produced it, overlapping the rest of
         backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
         (False). Applies to the baseline of other methods too.
     exact: simulate every collective rank by rank (see simulate_collective).
     hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
-        compressed methods only). The baseline stays torch DDP's flat allreduce.
+        methods with a codec only). The baseline stays torch DDP's flat allreduce.
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
     meth = methods.get(method)
     if hierarchical and meth.dense:
-        raise ValueError("hierarchical is LionCub's layout for the compressed methods, not 'allreduce'")
-    G = cluster.gpus_per_node if hierarchical else 0
+        raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile = get_profile(backend)
     cache = cache if cache is not None else Cache()
-    N = cluster.ranks
-    spec = _step_spec(algorithm, cluster)
-    memo: dict = {}
-
-    def run(op, nbytes):
-        if (op, nbytes) not in memo:
-            if op == "allreduce":
-                alg, hier = spec.get("allreduce", "auto"), {}
-            else:
-                hier = dict(hierarchical=bool(G), grad_dtype=grad_dtype)
-                alg = {c.op: spec.get(c.op, "auto") for c in composite_collectives(op, nbytes, N, levels, G,
-                                                                                   grad_dtype)}
-            memo[op, nbytes] = simulate_collective(cluster, op, alg, nbytes, profile, levels=levels, cache=cache,
-                                                   exact=exact, **hier)
-        return memo[op, nbytes]
-
-    t_bwd = compute * backward_fraction
-    times = dict(
-        fwd=compute - t_bwd, bwd=t_bwd,
-        optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
-        codec_bytes=_codec_bytes(meth, N, G, levels, grad_dtype),
-        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
+    G = cluster.gpus_per_node if hierarchical else 0
+    spec = _step_spec(algorithm)
+    # 1. what the buckets, the control message and the momentum sync cost on the wire, each simulated once
+    ex = _Exchanges(cluster, profile, meth, spec, cache, exact, levels, grad_dtype, G)
+    # 2. the kernels: forward, backward, codec, Lion update
+    times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
+    # 3. the step: the buckets' exchanges against backward, and what outlasts it
     buckets = _buckets(P, bucket_mb * 2**20)
-    if meth.dense:
-        t = _overlapped_step(run, "allreduce", buckets, P, N, times, overlap, wire.DTYPE_BYTES[grad_dtype])
-    elif overlap:
-        t = _overlapped_step(run, meth.name, buckets, P, N, times, True, 4, control=True)
-        _add_momentum_sync(t, run, buckets, N, K)
-    else:
-        t = _vote_step(run, meth.name, buckets, N, times, K)
-    step = compute
-    for part in t["tail"]:
-        step += part
-    step += times["optimizer"]
-
-    base_dict, base_step = None, step
+    t = _communicate(ex, meth, buckets, P, times, overlap, K)
+    step = _step_seconds(compute, t["tail"], times["optimizer"])
+    # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
+    base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
-        base = simulate_step(cluster, "allreduce", P, None, DDP_BUCKET_MB, compute, None, None, profile,
-                             algorithm=spec, memory_bandwidth=mem_bw,
-                             backward_fraction=backward_fraction, overlap=overlap, cache=cache, exact=exact,
-                             _baseline=False)
-        base_step = base.step_seconds
-        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+        base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
+                                             cache, exact)
     return StepResult(
         hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"],
-        method=meth.name, backend=profile.name, ranks=N, params=P, step_seconds=step,
+        method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
         compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
         speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict,
     )
+
+
+def _step_seconds(compute: float, tail: list[float], optimizer: float) -> float:
+    """Compute, what outlasts backward (in the order the step runs it), the Lion update."""
+    step = compute
+    for part in tail:
+        step += part
+    return step + optimizer
+
+
+def _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap, cache, exact):
+    """(step seconds, StepResult fields) of torch DDP: the baseline method, fp32 gradients in 25 MiB buckets."""
+    base = simulate_step(cluster, methods.BASELINE, P, None, DDP_BUCKET_MB, compute, None, None, profile,
+                         algorithm=spec, memory_bandwidth=mem_bw, backward_fraction=backward_fraction,
+                         overlap=overlap, cache=cache, exact=exact, _baseline=False)
+    return base.step_seconds, {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+
+
+class _Exchanges:
+    """What a step puts on the wire, each distinct collective simulated once (on an idle network, as it runs on
+    the communication stream) and reused for every bucket of its size."""
+
+    def __init__(self, cluster, profile, meth, spec, cache, exact, levels, grad_dtype, node_size):
+        self.cluster, self.profile, self.meth, self.spec = cluster, profile, meth, spec
+        self.cache, self.exact, self.levels, self.grad_dtype, self.G = cache, exact, levels, grad_dtype, node_size
+        self.N = cluster.ranks
+        self.memo: dict = {}
+
+    def bucket(self, e: int) -> tuple[CollectiveResult, str, int]:
+        """A bucket of e parameters: (the collectives the method issues for it, how StepResult lists them:
+        algorithm and size). A method with a codec is listed as a composite (collectives.py): every collective
+        it issues (op:algorithm) and its fp32 bucket; a dense method by the algorithms of its collectives and
+        the gradients they carry, as they are on the wire."""
+        if ("bucket", e) not in self.memo:
+            colls = method_collectives(self.meth, e, self.N, self.levels, self.G, self.grad_dtype)
+            r = simulate_collectives(self.cluster, self.profile, self.meth.name, colls, self.spec, 4 * e, self.cache,
+                                     exact=self.exact, node_size=self.G)
+            if self.meth.dense:
+                row = "+".join(part["algorithm"] for part in r.parts), wire.DTYPE_BYTES[self.grad_dtype] * e
+            else:
+                row = r.algorithm, 4 * e
+            self.memo["bucket", e] = (r, *row)
+        return self.memo["bucket", e]
+
+    def control(self) -> CollectiveResult:
+        """The step's control message (lioncub.comm.wire.CONTROL), one world collective."""
+        c = wire.CONTROL
+        if "control" not in self.memo:
+            self.memo["control"] = simulate_collective(self.cluster, c.op, self.spec.get(c.op, "auto"), c.nbytes,
+                                                       self.profile, cache=self.cache, exact=self.exact)
+        return self.memo["control"]
+
+    def momentum_sync(self, e: int) -> CollectiveResult:
+        """The fp32 momentum average of a bucket of e parameters (of its shard, in the hierarchical layout)."""
+        if ("sync", e) not in self.memo:
+            colls = composite_collectives(MOMENTUM_SYNC, 4 * e, self.N, self.levels, self.G, self.grad_dtype)
+            self.memo["sync", e] = simulate_collectives(self.cluster, self.profile, MOMENTUM_SYNC, colls, self.spec,
+                                                        4 * e, self.cache, exact=self.exact, node_size=self.G)
+        return self.memo["sync", e]
+
+
+def _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, N, G, levels, grad_dtype) -> dict:
+    """Forward and backward, the Lion update, and the codec (bytes per bucket, at the codec's speed)."""
+    t_bwd = compute * backward_fraction
+    return dict(
+        fwd=compute - t_bwd, bwd=t_bwd,
+        optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
+        codec_bytes=_codec_bytes(meth, N, G, levels, grad_dtype),
+        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
+
+
+def _communicate(ex, meth, buckets, P, times, overlap, K) -> dict:
+    """The buckets' exchanges against backward (codec, communication, what is exposed, bytes, the collectives
+    issued). A dense method's ranks share one momentum: no control message, nothing to sync."""
+    if meth.dense:
+        t = _overlapped_step(ex, buckets, P, times, overlap)
+    elif overlap:
+        t = _overlapped_step(ex, buckets, P, times, True, control=True)
+        _add_momentum_sync(t, ex, buckets, K)
+    else:
+        t = _vote_step(ex, buckets, times, K)
+    return t
 
 
 def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction, memory_bandwidth,
@@ -264,11 +316,10 @@ def _codec_bytes(meth, N, G, levels, grad_dtype):
     return bucket
 
 
-def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control=False) -> dict:
+def _overlapped_step(ex, buckets, P, times, overlap, control=False) -> dict:
     """DDP, and LionCub with overlap: bucket i is ready when backward has produced it; one stream (LionCub:
-    one thread) encodes and exchanges the buckets in order, then (compressed methods) sends the step's
-    control message; only the tail that outlasts backward is exposed. `elem_bytes`: the SIZE of the
-    bucket's op per parameter (the gradient dtype for allreduce, 4 for the composites)."""
+    one thread) encodes and exchanges the buckets in order, then (methods with a codec) sends the step's
+    control message; only the tail that outlasts backward is exposed."""
     # on CPU ranks (codec_on_compute) each bucket's codec runs on the computing cores: backward lasts the
     # codecs longer, and the stream carries only the collectives
     on_cores = times["codec_on_compute"]
@@ -282,10 +333,10 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
     for e, k in buckets:
         t_codec = times["codec_bytes"](e) / times["codec_bw"]
         t_comm = 0.0
-        if N > 1:
-            r = run(op, e * elem_bytes)
+        if ex.N > 1:
+            r, alg, size = ex.bucket(e)
             t_comm, sent, nic = r.seconds, sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
-            _tally(colls, op, r.algorithm, e * elem_bytes, r.seconds, count=k)
+            _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
         c = (0.0 if on_cores else t_codec) + t_comm
         # bucket j of the run is ready at ready(done + j e) and takes c on the stream, so the stream ends at
         # the max over j of ready_j + (k - j + 1) c and of end + k c; linear in j: j = 1 or j = k
@@ -293,47 +344,47 @@ def _overlapped_step(run, op, buckets, P, N, times, overlap, elem_bytes, control
         done += k * e
         comm += k * t_comm
         codec += k * t_codec
-    if control and N > 1:
-        r = run("allreduce", wire.CONTROL.nbytes)
+    if control and ex.N > 1:
+        r = ex.control()
         end = max(end, times["fwd"] + bwd) + r.seconds
         comm, sent, nic = comm + r.seconds, sent + r.bytes_sent_per_rank, nic + r.nic_bytes_per_node
-        _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
+        _tally(colls, CONTROL, r.algorithm, wire.CONTROL.nbytes, r.seconds)
     exposed = max(0.0, end - (times["fwd"] + bwd))
     return dict(codec=codec, comm=comm, exposed=exposed, tail=[codec_total, exposed] if on_cores else [exposed],
                 msync=0.0, sent=sent, nic=nic, collectives=colls)
 
 
-def _vote_step(run, method, buckets, N, times, K) -> dict:
+def _vote_step(ex, buckets, times, K) -> dict:
     """After backward: the control all-reduce, then each bucket's codec and collectives in turn; every
     K steps the momenta are averaged (amortized as 1/K per step). Everything is exposed."""
     comm, codec, sent, nic, msync, colls = 0.0, 0.0, 0.0, 0.0, 0.0, []
-    if N > 1:
-        r = run("allreduce", wire.CONTROL.nbytes)
+    if ex.N > 1:
+        r = ex.control()
         comm, sent, nic = r.seconds, r.bytes_sent_per_rank, r.nic_bytes_per_node
-        _tally(colls, "control allreduce", r.algorithm, wire.CONTROL.nbytes, r.seconds)
+        _tally(colls, CONTROL, r.algorithm, wire.CONTROL.nbytes, r.seconds)
     for e, k in buckets:
         codec += k * times["codec_bytes"](e) / times["codec_bw"]
-        if N > 1:
-            r = run(method, 4 * e)
+        if ex.N > 1:
+            r, alg, size = ex.bucket(e)
             comm, sent = comm + k * r.seconds, sent + k * r.bytes_sent_per_rank
             nic += k * r.nic_bytes_per_node
-            _tally(colls, method, r.algorithm, 4 * e, r.seconds, count=k)
+            _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
     t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, nic=nic, collectives=colls)
-    _add_momentum_sync(t, run, buckets, N, K)
+    _add_momentum_sync(t, ex, buckets, K)
     t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
     return t
 
 
-def _add_momentum_sync(t: dict, run, buckets, N, K) -> None:
+def _add_momentum_sync(t: dict, ex, buckets, K) -> None:
     """Every K steps step() averages the momenta (fp32, bucketed the same way), after backward: exposed,
     amortized as 1/K per step."""
-    if K is None or N == 1:
+    if K is None or ex.N == 1:
         return
     total, bytes_, nic = 0.0, 0.0, 0.0
     for e, k in buckets:
-        r = run("momentum-sync", 4 * e)
+        r = ex.momentum_sync(e)
         total, bytes_, nic = total + k * r.seconds, bytes_ + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
-        _tally(t["collectives"], "momentum-sync", r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
+        _tally(t["collectives"], MOMENTUM_SYNC, r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
     t["msync"] = total / K
     t["comm"] += t["msync"]
     t["exposed"] += t["msync"]
@@ -351,10 +402,10 @@ def _tally(colls, what, alg, nbytes, seconds, per_step=1.0, count=1):
                   "per_step": per_step, "count": count})
 
 
-def _step_spec(algorithm, cluster) -> dict:
+def _step_spec(algorithm) -> dict:
     """A step's `algorithm` argument as {op: algorithm}: 'auto', 'op=alg,...' / a dict, or one name that
     applies to every op it is an algorithm of (auto for the others)."""
-    spec = _parse_algorithm_spec(algorithm)
+    spec = parse_algorithm_spec(algorithm)
     if isinstance(spec, dict):
         for op, alg in spec.items():
             if op not in ALGORITHMS:

@@ -9,12 +9,12 @@ leaves), then:
 
 * **reduce** (bottom-up): what a rank sends its parent, and when, depends only on its subtree: its
   children's sends compete on its down links, nothing else does. One sub-simulation per shape runs the
-  rank's real program (`trees._tree_reduce`) on its real links, with each child replaying the sends its
+  rank's real program (`binomial.tree_reduce`) on its real links, with each child replaying the sends its
   own shape's sub-simulation recorded (the child's message overhead and up link simulated here). The
   rank's sends to its parent are recorded, not sent: the parent's sub-simulation sends them.
 * **broadcast** (top-down): what a rank does depends only on its subtree and on when the slices reach
   it from its parent. One sub-simulation per class (shape, arrival times of the slices relative to the
-  first): the rank's real program (`trees._tree_broadcast`) with its parent's messages delivered at
+  first): the rank's real program (`binomial.tree_broadcast`) with its parent's messages delivered at
   those times, its sends to its children on their real links; the arrival times at each child give the
   child's class. Subtrees whose arrivals differ only by a shift in time are one class, shifted.
 
@@ -34,13 +34,16 @@ rank instead; tests check both agree.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from .binomial import binomial, tree_broadcast, tree_reduce
 from .cluster import Cluster
-from .profiles import BackendProfile
-from .ranks import Rank, Sim
+from .ranks import Rank, Sim, slices
 from .results import CollectiveResult
 from .symmetry import Symmetry, pow2
-from .trees import _binomial, _tree_broadcast, _tree_reduce
+
+if TYPE_CHECKING:
+    from .profiles import BackendProfile
 
 # Two arrival trains are one class when they agree to this fraction of their span (float round-off in
 # times some seconds from the start, shifted differently, differs in the last digits).
@@ -141,7 +144,7 @@ class TreeRun:
         got = self.reduce_memo.get(key)
         if got is not None:
             return got
-        parent, children = _binomial(r, p)
+        parent, children = binomial(r, p)
         kids = [(c, self.reduce(c)) for c in children]
         sim = self._sim()
         env, co = sim.env, self.profile.call_overhead
@@ -149,14 +152,14 @@ class TreeRun:
         last_sent: dict[int, float] = {}
         for c, info in kids:  # each child's sends, handed to its communication thread when it made them
             for t, nb, tag in info.offered:
-                msg = sim.net.submit(c, r, nb, self.op, ctx._box((c, r, tag)), at=t)
+                msg = sim.net.submit(c, r, nb, self.op, sim.box((c, r, tag)), at=t)
             msg.sent.callbacks.append(lambda _ev, c=c: last_sent.__setitem__(c, env.now))
         end = []
 
         def main():
             if co > 0:
                 yield env.timeout(co)
-            yield from _tree_reduce(ctx, self.nbytes, "reduce")
+            yield from tree_reduce(ctx, self.nbytes, "reduce")
             end.append(env.now)
 
         env.process(main())
@@ -177,7 +180,7 @@ class TreeRun:
             for other, got in known:
                 if len(other) == len(train) and all(abs(a - b) <= tol for a, b in zip(other, train)):
                     return got
-        parent, children = _binomial(r, p)
+        parent, children = binomial(r, p)
         sim = self._sim()
         sim.solo = True  # only this rank sends
         env = sim.env
@@ -187,14 +190,14 @@ class TreeRun:
             ctx.bytes_sent, ctx.bytes_received = red.bytes_sent, red.bytes_received
         if parent is not None:
             for j, t in enumerate(train):
-                ev = ctx._box((parent, r, ("bcast", j)))
+                ev = sim.box((parent, r, ("bcast", j)))
                 env.timeout(t).callbacks.append(lambda _ev, ev=ev: ev.succeed())
         finish = []
 
         def main():
             if start > 0:
                 yield env.timeout(start)
-            yield from _tree_broadcast(ctx, self.nbytes, "bcast")
+            yield from tree_broadcast(ctx, self.nbytes, "bcast")
             finish.append(env.now)
 
         env.process(main())
@@ -211,23 +214,28 @@ class TreeRun:
         return got
 
 
+def by_classes(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> CollectiveResult | None:
+    """op by the binomial tree, one sub-simulation per class, where that applies (None where not)."""
+    return run(cluster, profile, op, nbytes) if applies(cluster, profile, op) else None
+
+
 def run(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> CollectiveResult:
     """op ("allreduce", "reduce", "broadcast") by the binomial tree, one sub-simulation per class."""
     p = cluster.ranks
     t = TreeRun(cluster, profile, op, nbytes)
-    slices = len(Rank(t._sim(), 0, op).slices(nbytes))
+    n_slices = len(slices(profile.slice_bytes, nbytes))
     if op == "broadcast":
         root = t.broadcast(0, None, start=profile.call_overhead)
-        seconds, msgs = root.subtree_finish, slices * (p - 1)
+        seconds, msgs = root.subtree_finish, n_slices * (p - 1)
         per_rank = [b for known in t.bcast_memo.values() for _, b in known]
     elif op == "reduce":
         root = t.reduce(0)
-        seconds, msgs = max(root.end, root.subtree_finish), slices * (p - 1)
+        seconds, msgs = max(root.end, root.subtree_finish), n_slices * (p - 1)
         per_rank = t.reduce_memo.values()
     else:
         t.reduce(0)
         root = t.broadcast(0, None, start=t.reduce_memo[_shape(0, p)].end)
-        seconds, msgs = root.subtree_finish, 2 * slices * (p - 1)
+        seconds, msgs = root.subtree_finish, 2 * n_slices * (p - 1)
         per_rank = [b for known in t.bcast_memo.values() for _, b in known]
     res = CollectiveResult(op, "binomial-tree", profile.name, p, nbytes, seconds,
                            max(x.bytes_sent for x in per_rank), max(x.bytes_received for x in per_rank))
