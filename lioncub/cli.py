@@ -17,6 +17,7 @@ COMMANDS = {
     "autotune": ("lioncub.apps.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
     "risk": ("lioncub.apps.autotune.risk_cli", "fit autotune's convergence-risk rule to a map, check it, pre-register"),
     "train": ("lioncub.apps.train.cli", "train a built-in model with any method/config"),
+    "corpus": ("lioncub.apps.train.corpus_cli", "build, show or check the python-src training corpus"),
     "lab": ("lioncub.apps.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
     "calibrate": ("lioncub.apps.calibrate.cli", "fit the simulator's backend profile to measurements"),
     "bench": ("lioncub.apps.benchmarks.cli", "benchmarks (speed and memory targets)"),

@@ -17,6 +17,10 @@ Steps (each in its own process with its own time limit; a failed or timed-out st
                identical after 20 steps, on the Triton kernels and on the torch twins
   7 train      200 steps of char-medium on one GPU with LIONCUB_KERNELS=triton and =torch (and a second
                Triton run as a determinism control): the same loss curve
+  8 nccl       one process, `lioncub.init_distributed()` as under torchrun at world size 1: NCCL on the GPU.
+               Every method's collectives (default group and a subgroup) against the CPU twins on Gloo; LionCub
+               with every method, flat and hierarchical, overlap on and off; attach_ddp on a DDP model;
+               GradScaler("cuda") with fp16 autocast; lioncub.checkpoint save/load
 
 Each step writes OUTDIR/NN-step.json (status, checks, targets, figures) and its log OUTDIR/NN-step.log;
 at the end OUTDIR/gpu-check.json holds everything and OUTDIR/summary.txt a short summary. The exit status is
@@ -46,7 +50,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
-STEPS = ("env", "install", "tests", "bench", "optimizer", "ranks", "train")
+STEPS = ("env", "install", "tests", "bench", "optimizer", "ranks", "train", "nccl")
 BUDGET_S = 345  # the whole run, all steps: < 6 minutes with the start-up and the summary
 MIN_STEP_S = 10  # every later step keeps at least this much of the budget
 
@@ -61,7 +65,7 @@ LIONCUB_CLI = "import sys; from lioncub.cli import main; sys.exit(main(sys.argv[
 
 SIZES = {
     "full": dict(
-        timeouts=dict(env=20, install=30, tests=70, bench=85, optimizer=30, ranks=75, train=35),
+        timeouts=dict(env=15, install=25, tests=70, bench=70, optimizer=25, ranks=65, train=35, nccl=40),
         copy_bytes=1 << 30,
         tests=dict(files=TEST_FILES, k=None, workers=8),
         # --repeat 5: 50 ms of timed runs per figure (triton.testing.do_bench, medians). The bench makes its
@@ -74,7 +78,7 @@ SIZES = {
         train=dict(model="char-medium", steps=200, batch_size=32, block_size=128, eval_batches=4),
     ),
     "tiny": dict(
-        timeouts=dict(env=30, install=60, tests=90, bench=60, optimizer=60, ranks=90, train=90),
+        timeouts=dict(env=30, install=60, tests=90, bench=60, optimizer=60, ranks=90, train=90, nccl=90),
         copy_bytes=16 << 20,
         tests=dict(files=["tests/test_kernels_triton.py"], k=TINY_TESTS, workers=0),
         bench=[dict(dtype="float32", sizes="64K", share=1.0, repeat=1)],
@@ -961,10 +965,198 @@ def _compare_train_runs(ctx: Ctx, cfg: dict, res: dict) -> None:
                     f"step {a['step_ms']:.1f} / {b['step_ms']:.1f} ms")
 
 
+# --- 8 nccl ----------------------------------------------------------------------------------------------
+
+NCCL_LR, NCCL_WD = 1e-3, 0.1
+
+
+def step_nccl(ctx: Ctx) -> None:
+    """The user's path on one process at world size 1: `lioncub.init_distributed()` under torchrun's variables,
+    so NCCL on the GPU (Gloo on CPU, the rehearsal). 1. every method's exchange of one bucket through its
+    collectives on the default group and on a subgroup, against the same exchange with the CPU twins on a Gloo
+    group; 2. LionCub with every method, flat and hierarchical, overlap on and off; 3. `lioncub.attach_ddp` on a
+    torch DDP model; 4. `lioncub.GradScaler` with fp16 autocast, an overflow included; 5. `lioncub.checkpoint`
+    save and load: the resumed run equals the uninterrupted one. NCCL-specific misuse (a dtype or device NCCL
+    refuses, a subgroup, a stream) raises in 1-5."""
+    import torch
+    import torch.distributed as dist
+
+    import lioncub
+    from lioncub.comm.distributed import free_port
+    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    rank, world = lioncub.init_distributed(timeout=60)
+    r = ctx.result
+    r["backend"] = dist.get_backend()
+    ctx.check("init_distributed chose NCCL on the GPU (Gloo without one), world size 1",
+              (r["backend"], world) == ("nccl" if ctx.cuda else "gloo", 1))
+    device = torch.device("cuda" if ctx.cuda else "cpu")
+    try:
+        _nccl_exchanges(ctx, torch, dist, device)
+        ctx.save()
+        finals = _nccl_optimizers(ctx, torch, device)
+        _nccl_ddp(ctx, torch, device, finals)
+        _nccl_scaler(ctx, torch, device)
+        _nccl_checkpoint(ctx, torch, device)
+    finally:
+        lioncub.finish()
+    failed = [k for k, v in r["checks"].items() if not v]
+    r["summary"] = (f"{r['backend']} at world size 1 on {device.type}: {len(r['checks']) - len(failed)} of "
+                    f"{len(r['checks'])} checks" + (f"; failed: {', '.join(failed)}" if failed else ""))
+
+
+def _nccl_exchanges(ctx: Ctx, torch, dist, device) -> None:
+    """Each method's exchange (encode, collectives, apply) on the default group and on a subgroup, against the
+    same exchange with the torch twins on CPU tensors and a Gloo group: the parameters and momenta after it."""
+    from lioncub import methods
+    n = 4099 if ctx.size == "tiny" else 1 << 20
+    gloo, sub = dist.new_group([0], backend="gloo"), dist.new_group([0])
+    res = {}
+    for name in methods.NAMES:
+        spec = methods.get(name)
+        ref = _one_exchange(torch, spec, n, torch.device("cpu"), gloo)
+        for where, group in (("default group", None), ("subgroup", sub)):
+            got = _one_exchange(torch, spec, n, device, group)
+            diff = sum(int((a != b).sum()) for a, b in zip(got, ref))
+            res[f"{name} ({where})"] = diff
+    ctx.result["exchange_mismatches"] = res
+    ctx.result["exchange_elements"] = n
+    # the twins and the kernels agree bit for bit (step 3); a flip where |c| is at rounding level is allowed
+    ctx.check("every method's exchange ran on the default group and a subgroup, as the CPU twins on Gloo give",
+              all(v <= max(2, n // 100_000) for v in res.values()))
+
+
+def _one_exchange(torch, spec, n: int, device, group) -> list:
+    """(parameters, momenta) after one exchange of a bucket of n elements (fixed values) on `group`, on the CPU."""
+    gen = torch.Generator().manual_seed(7)
+    g, m, p = (torch.randn(n, generator=gen).to(device) for _ in range(3))
+    offsets = [0, n // 3, n]
+    if spec.dense:
+        ex = spec.exchange(n, device, group, grads=g)
+        ex()
+        return [g.cpu()]
+    ex = spec.exchange(n, device, group, levels=spec.resolve_levels(1))
+    ex.encode(g, m, beta1=0.9, beta2=0.99, offsets=offsets)
+    ex.apply(p, ex(), lr=NCCL_LR, wd=NCCL_WD)
+    return [p.cpu(), m.cpu()]
+
+
+def _nccl_model(torch, device, seed: int = 0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 10)).to(device)
+
+
+def _nccl_batches(torch, device, steps: int):
+    gen = torch.Generator().manual_seed(3)
+    return [(torch.randn(16, 32, generator=gen).to(device), torch.randint(10, (16,), generator=gen).to(device))
+            for _ in range(steps)]
+
+
+def _train_steps(torch, net, opt, batches) -> None:
+    for x, y in batches:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+        opt.step()
+
+
+def _nccl_optimizers(ctx: Ctx, torch, device) -> dict:
+    """LionCub with every method, flat and (compressed methods) hierarchical, overlap on and off: 3 steps of a
+    small model each; the parameters are finite, moved, and the same whatever the layout and the overlap."""
+    import lioncub
+    from lioncub import methods
+    batches, finals, ok = _nccl_batches(torch, device, 3), {}, True
+    start = [p.detach().clone() for p in _nccl_model(torch, device).parameters()]
+    for name in methods.NAMES:
+        layouts = [False] if methods.get(name).dense else [False, True]
+        for hier in layouts:
+            for overlap in (True, False):
+                model = _nccl_model(torch, device)
+                opt = lioncub.LionCub(model.parameters(), lr=NCCL_LR, weight_decay=NCCL_WD, method=name,
+                                      overlap=overlap, hierarchical=hier, node_size=1 if hier else None)
+                _train_steps(torch, model, opt, batches)
+                finals[(name, hier, overlap)] = [p.detach().clone() for p in model.parameters()]
+                ok &= all(bool(torch.isfinite(p).all()) for p in model.parameters())
+                ok &= not all(torch.equal(a, b) for a, b in zip(finals[(name, hier, overlap)], start))
+    same = all(all(torch.equal(a, b) for a, b in zip(v, finals[(k[0], False, True)])) for k, v in finals.items())
+    ctx.result["optimizer_runs"] = len(finals)
+    ctx.check("LionCub with every method, flat and hierarchical, overlap on and off: finite, moved", ok)
+    ctx.check("the layout and the overlap do not change the parameters", same)
+    return finals
+
+
+def _nccl_ddp(ctx: Ctx, torch, device, finals: dict) -> None:
+    """lioncub.attach_ddp on a torch DDP model gives the parameters LionCub gives alone."""
+    import lioncub
+    model = _nccl_model(torch, device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if device.type == "cuda" else None)
+    opt = lioncub.LionCub(model.parameters(), lr=NCCL_LR, weight_decay=NCCL_WD, method="vote-1bit")
+    lioncub.attach_ddp(ddp, opt)
+    _train_steps(torch, ddp, opt, _nccl_batches(torch, device, 3))
+    ctx.check("attach_ddp: a DDP model trains as LionCub alone does",
+              all(torch.equal(a, b) for a, b in zip(model.parameters(), finals[("vote-1bit", False, True)])))
+
+
+def _nccl_scaler(ctx: Ctx, torch, device) -> None:
+    """lioncub.GradScaler with fp16 autocast and clipping: 4 steps, an inf gradient in the third; that step is
+    skipped (the momenta untouched) and the scale backs off; the others step."""
+    import lioncub
+    res = {}
+    for name in ("allreduce", "vote-1bit"):
+        model = _nccl_model(torch, device)
+        opt = lioncub.LionCub(model.parameters(), lr=NCCL_LR, weight_decay=NCCL_WD, method=name)
+        scaler = lioncub.GradScaler(device.type)
+        scales, moved = [], []
+        for i, (x, y) in enumerate(_nccl_batches(torch, device, 4)):
+            before = [p.detach().clone() for p in model.parameters()]
+            opt.zero_grad()
+            with torch.autocast(device.type, dtype=torch.float16):
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+            scaler.scale(loss).backward()
+            if i == 2:
+                next(model.parameters()).grad.view(-1)[0] = float("inf")
+            scaler.unscale_(opt)
+            opt.clip_grad_norm_(1.0)
+            scaler.step(opt)
+            scaler.update()
+            scales.append(float(scaler.get_scale()))
+            moved.append(not all(torch.equal(a, b) for a, b in zip(before, model.parameters())))
+        res[name] = dict(moved=moved, scales=scales,
+                         finite=all(bool(torch.isfinite(p).all()) for p in model.parameters()))
+    ctx.result["grad_scaler"] = res
+    ctx.check("GradScaler + fp16 autocast: the overflowing step skipped, the scale halved, the rest stepped",
+              all(v["moved"] == [True, True, False, True] and v["finite"] and v["scales"][2] == v["scales"][1] / 2
+                  for v in res.values()))
+
+
+def _nccl_checkpoint(ctx: Ctx, torch, device) -> None:
+    """lioncub.checkpoint: 2 steps, save, 2 steps; a new model and optimizer load the checkpoint and take the
+    same 2 steps: the parameters are the uninterrupted run's."""
+    import tempfile
+
+    import lioncub
+    batches = _nccl_batches(torch, device, 4)
+    results = []
+    with tempfile.TemporaryDirectory(dir=ctx.out) as tmp:
+        path = os.path.join(tmp, "ckpt")
+        for resume in (False, True):
+            model = _nccl_model(torch, device, seed=1 if resume else 0)  # the resumed run starts elsewhere
+            opt = lioncub.LionCub(model.parameters(), lr=NCCL_LR, weight_decay=NCCL_WD, method="vote-1bit")
+            if resume:
+                info = lioncub.checkpoint.load(path, model, opt)
+                ctx.result["checkpoint_load"] = info
+            else:
+                _train_steps(torch, model, opt, batches[:2])
+                lioncub.checkpoint.save(path, model, opt)
+            _train_steps(torch, model, opt, batches[2:])
+            results.append([p.detach().clone() for p in model.parameters()])
+    ctx.check("checkpoint save/load: the resumed run equals the uninterrupted one",
+              all(torch.equal(a, b) for a, b in zip(*results)))
+
+
 # --- the orchestrator ------------------------------------------------------------------------------------
 
 STEP_FUNCS = dict(env=step_env, install=step_install, tests=step_tests, bench=step_bench, optimizer=step_optimizer,
-                  ranks=step_ranks, train=step_train)
+                  ranks=step_ranks, train=step_train, nccl=step_nccl)
 
 
 def _read_step(out: Path, name: str) -> dict:
@@ -1009,6 +1201,10 @@ def _step_environment(name: str, device: str) -> dict:
     env.pop("LIONCUB_KERNELS", None)
     if name == "optimizer":
         env["LIONCUB_KERNELS"] = "triton"
+    if name == "nccl":  # deterministic cuBLAS: the checkpoint's resumed run is compared bit for bit
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+        for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(k, None)
     return env
 
 
@@ -1038,7 +1234,7 @@ def orchestrate(out: Path, size: str | None, only: list[str] | None, device: str
                "--device", device, "--timeout", str(timeout)]
         log = out / f"{STEPS.index(name) + 1:02d}-{name}.log"
         log.unlink(missing_ok=True)
-        print(f"[{STEPS.index(name) + 1}/7] {name} (limit {timeout:.0f} s) ...", end=" ", flush=True)
+        print(f"[{STEPS.index(name) + 1}/{len(STEPS)}] {name} (limit {timeout:.0f} s) ...", end=" ", flush=True)
         # the step watches its own time; this limit (a little longer) only catches a step that hangs
         run = run_cmd(cmd, timeout + grace, env=_step_environment(name, device), log=log, session=True)
         res = _read_step(out, name) or dict(step=name, checks={}, targets={})

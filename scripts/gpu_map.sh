@@ -5,8 +5,11 @@
 # once, each seed by seed, so a deadline cuts whole seeds. Parts resume: rerun with the same OUTDIR to finish.
 #   bash scripts/gpu_map.sh OUTDIR [DEADLINE_S]     (DEVICE=cpu MODELS=char-tiny STEPS=3: a rehearsal)
 # MODELS, REGIMES (N<ranks>-b<batch per rank>-x<lr / tuned lr>, space-separated), SEED_STREAMS (e.g. "0,1 2,3"),
-# CONFIGS and DEVICE (cpu: the machine's cores, a rank a core) override the grid; SKIP_INSTALL=1 when lioncub
-# is installed (the install step runs only where nvidia-smi is)
+# CONFIGS and DEVICE (cpu: the machine's cores, a rank a core) override the grid; BASE_LR the lr the x factors
+# multiply (default the model's default lr), TUNED_LR the lr the rule reads the regimes against, GRID_ARGS more
+# options of `bench convergence --grid` (e.g. "--amp bf16 --eval-batches 16"); SKIP_INSTALL=1 when lioncub
+# is installed (the install step runs only where nvidia-smi is). A seed's runs start only while the deadline is
+# ahead, and a run is not started when one of its kind in the same part took longer than what is left.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:?usage: gpu_map.sh OUTDIR [DEADLINE_S]}
@@ -38,7 +41,8 @@ grid() {  # model, regime, output, seeds...: one grid, seed by seed, until the d
     [ "$left" -gt 5 ] || { echo "deadline: seed $s not started"; return 0; }
     OMP_NUM_THREADS=1 timeout "$left" "$py" -m lioncub.cli bench convergence --grid --model "$model" --steps "$steps" \
       --device "$device" --worlds "${BASH_REMATCH[1]}" --batches "${BASH_REMATCH[2]}" --lr-factors "${BASH_REMATCH[3]}" \
-      --seeds "$s" --configs "$configs" --output "$part"
+      --seeds "$s" --configs "$configs" --output "$part" --deadline "$deadline" ${BASE_LR:+--lr "$BASE_LR"} \
+      ${GRID_ARGS:-}
     echo "seed $s rc $?"
   done
 }
@@ -55,6 +59,7 @@ done
 wait "${pids[@]}"
 for m in $models; do
   "$py" -m lioncub.cli bench convergence --merge "$out/$m"-N*-s*.json --output "$out/$m-map.json" > "$out/$m-map.txt" 2>&1
-  "$py" -m lioncub.cli risk check "$out/$m-map.json" --check-output "$out/$m-check.json" >> "$out/$m-map.txt" 2>&1
+  "$py" -m lioncub.cli risk check "$out/$m-map.json" --check-output "$out/$m-check.json" \
+    ${TUNED_LR:+--tuned-lr "$TUNED_LR"} >> "$out/$m-map.txt" 2>&1
 done
 tail -n 40 "$out"/*-map.txt | tee "$out/summary.txt"

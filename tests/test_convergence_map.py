@@ -50,7 +50,8 @@ def test_grid_cli_passes_its_base_lr_to_the_grid(monkeypatch):
     seen = {}
     monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
     assert main(["bench", "convergence", "--grid", "--lr", "3e-4", "--lr-factors", "1,2"]) == 0
-    assert seen.pop("device") == "cpu" and seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
+    assert seen.pop("device") == "cpu" and seen.pop("deadline") is None and seen.pop("setup") == {}
+    assert seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
     assert [r["lr"] for r in cm.runs(configs=("allreduce",), seeds=(0,), worlds=(2,), batches=(8,), **seen)] == [
         3e-4, 6e-4]
 

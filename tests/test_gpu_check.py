@@ -34,7 +34,7 @@ def test_rehearsal_runs_every_step_and_writes_json_and_summary(tmp_path):
     out = tmp_path / "gc"
     summary = (out / "summary.txt").read_text()
     assert r.returncode == 0, summary + r.stdout[-3000:] + r.stderr[-3000:]
-    assert "PASS (7/7 steps passed)" in summary and "rehearsal" in summary
+    assert f"PASS ({len(gpu_check.STEPS)}/{len(gpu_check.STEPS)} steps passed)" in summary and "rehearsal" in summary
     report = json.loads((out / "gpu-check.json").read_text())
     assert report["status"] == "pass" and report["device"] == "cpu" and report["size"] == "tiny"
     steps = {name: json.loads((out / f"{i:02d}-{name}.json").read_text())
@@ -56,6 +56,14 @@ def test_rehearsal_runs_every_step_and_writes_json_and_summary(tmp_path):
     assert train["triton_vs_torch"]["identical"] and train["verdict"] == "bit-identical loss curves"
     assert train["runs"]["triton"]["ran"] == "lioncub.kernels.triton_ops"
     assert train["runs"]["torch"]["ran"] == "lioncub.kernels.reference"
+    nccl = steps["nccl"]  # on CPU the same code on Gloo: init_distributed's choice, with every check
+    assert nccl["backend"] == "gloo" and len(nccl["checks"]) == 7
+    assert set(nccl["exchange_mismatches"]) == {f"{m} ({g})" for m in methods.NAMES for g in ("default group",
+                                                                                                "subgroup")}
+    # every method with overlap on and off, the compressed ones flat and hierarchical
+    assert nccl["optimizer_runs"] == sum(2 if methods.get(m).dense else 4 for m in methods.NAMES)
+    assert all(v["moved"] == [True, True, False, True] for v in nccl["grad_scaler"].values())
+    assert nccl["checkpoint_load"]["momenta"] == "own"
 
 
 def test_a_failed_or_hung_step_fails_the_run_but_not_the_rest(tmp_path):

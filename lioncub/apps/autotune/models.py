@@ -26,7 +26,7 @@ PRESETS = {
     "resnet50": dict(params=25_557_032, flops_per_sample=3 * 8.2e9, batch=256, what="224x224 images"),
     "vit-b16": dict(params=86_567_656, flops_per_sample=3 * 35.2e9, batch=128, what="224x224 images"),
 }
-BUILTIN = ("char-tiny", "char-small", "char-medium", "mlp")  # lioncub.apps.train.models (trainable here)
+BUILTIN = ("char-tiny", "char-small", "char-medium", "byte-30m", "byte-gpt2-small", "mlp")  # lioncub.apps.train.models
 DEFAULT_TOKENS = 8192  # --params N without --tokens: 8 sequences of 1024 tokens per rank
 
 
@@ -44,7 +44,9 @@ class ModelSpec:
         return asdict(self)
 
 
-_CHAR_SHAPES = {"char-tiny": (2, 128), "char-small": (4, 256), "char-medium": (6, 384)}  # (layers, width)
+_CHAR_SHAPES = {"char-tiny": (2, 128), "char-small": (4, 256), "char-medium": (6, 384),  # (layers, width)
+                "byte-30m": (6, 640), "byte-gpt2-small": (12, 768)}
+_BYTE_MODELS = {"byte-30m", "byte-gpt2-small"}  # vocabulary 256 (python-src), default block 256
 
 
 def _char_vocab() -> int:
@@ -53,15 +55,21 @@ def _char_vocab() -> int:
     return len(set("".join(topics.values())))
 
 
-def builtin_params(name: str, block_size: int = 64) -> int:
+def default_block(name: str) -> int:
+    """A built-in transformer's default block size (TrainConfig's)."""
+    return 256 if name in _BYTE_MODELS else 64
+
+
+def builtin_params(name: str, block_size: int | None = None) -> int:
     """Parameters of a built-in model, counted without torch (the tests check them against the torch
-    models): the char transformer is nanoGPT-shaped (lioncub.apps.train.models) over the characters of
-    pydoc_data.topics; the MLP is 32 -> 256 -> 256 -> 10."""
+    models): the transformers are nanoGPT-shaped (lioncub.apps.train.models), char-* over the characters of
+    pydoc_data.topics, byte-* over 256 bytes; the MLP is 32 -> 256 -> 256 -> 10."""
     if name == "mlp":
         dims = [32, 256, 256, 10]
         return sum(a * b + b for a, b in zip(dims, dims[1:]))
+    block_size = block_size or default_block(name)
     layers, c = _CHAR_SHAPES[name]
-    v = _char_vocab()
+    v = 256 if name in _BYTE_MODELS else _char_vocab()
     block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (4 * c * c + c)
     return v * c + block_size * c + layers * block + 2 * c + c * v  # embeddings, blocks, ln_f, head
 
@@ -165,7 +173,7 @@ def _preset_work(model, batch, seq_len, tokens) -> _Work:
 
 def _builtin_work(model, batch, seq_len, block_size) -> _Work:
     bs = batch or 16
-    blk = (block_size or seq_len or 64) if model != "mlp" else 64
+    blk = (block_size or seq_len or default_block(model)) if model != "mlp" else 64
     P = builtin_params(model, blk)
     t = bs * (blk if model != "mlp" else 1)
     return _Work(model, P, 6.0 * P * t,

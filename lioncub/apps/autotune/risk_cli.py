@@ -6,7 +6,7 @@ import json
 import os
 
 from lioncub.apps.tuned_lr import DEFAULT_LR
-from lioncub.files import check_writable
+from lioncub.files import check_writable, read_json
 
 from . import risk_rule
 
@@ -18,14 +18,24 @@ def register(sub) -> None:
                                    "on MAP's held-out regimes; check: the committed fit on MAP's held-out regimes "
                                    "(all of them for another model); calls: the committed fit's calls for regimes "
                                    "not yet run (a pre-registration)")
-    p.add_argument("action", choices=["fit", "check", "calls"])
+    p.add_argument("action", choices=["fit", "check", "calls", "preregister", "report"])
     p.add_argument("map", nargs="?", help="fit, check: a merged convergence map JSON (lioncub bench convergence "
-                                          "--merge)")
+                                          "--merge); preregister: the plan (JSON: protocol and sets of regimes); "
+                                          "report: the pre-registration")
+    p.add_argument("maps", nargs="*", help="report: the merged maps of the pre-registered runs (one per model)")
+    p.add_argument("--seen", nargs="*", default=[], metavar="MAP",
+                   help="preregister: committed merged maps; a regime on one of them is not fresh")
+    p.add_argument("--output", metavar="JSON", help="preregister: the pre-registration (never replaced); report: "
+                                                    "the report")
+    p.add_argument("--tuned", action="append", default=[], metavar="MODEL=LR",
+                   help="report: the lr a model's regimes were run against (its measured best; default its default lr)")
     p.add_argument("--check-output", metavar="JSON", help="write the check (fit, check) or the calls (calls) here")
     p.add_argument("--regimes", default=",".join(risk_rule.FRESH),
                    help="calls: comma-separated [model:]N<ranks>-b<batch>-x<lr / tuned lr> (default: FRESH)")
     p.add_argument("--configs", default="vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive", help="calls: method[@sync]")
     p.add_argument("--steps", type=int, default=200, help="calls: the run's steps (the map's: 200)")
+    p.add_argument("--tuned-lr", dest="tuned_lr", type=float,
+                   help="check: the lr MAP's model trains best at (default: its default lr)")
     p.set_defaults(func=run)
 
 
@@ -34,6 +44,8 @@ def run(args) -> int:
         check_writable(args.check_output, "--check-output")
     if args.action == "calls":
         return _calls(args)
+    if args.action in ("preregister", "report"):
+        return _preregistered(args)
     if not args.map:
         raise ValueError(f"risk {args.action} needs MAP, a convergence map JSON")
     if not os.path.isfile(args.map):
@@ -46,7 +58,7 @@ def run(args) -> int:
     if not isinstance(map_res, dict) or not map_res.get("cells") or "model" not in map_res:
         raise ValueError(f"{args.map} is not a merged convergence map (lioncub bench convergence --merge)")
     fitted = risk_rule.fit(map_res) if args.action == "fit" else risk_rule.FIT
-    result = risk_rule.check(map_res, fitted)
+    result = risk_rule.check(map_res, fitted, tuned_lr=args.tuned_lr)
     rate = result["hit_rate"]
     text = "" if not result["held_out_cells"] else (
         f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
@@ -82,6 +94,45 @@ def _calls(args) -> int:
     if args.check_output:
         with open(args.check_output, "w") as f:
             json.dump(dict(fit=risk_rule.FIT, steps=args.steps, calls=rows), f, indent=1)
+    return 0
+
+
+def _preregistered(args) -> int:
+    from . import preregister
+
+    if not args.map:
+        raise ValueError(f"risk {args.action} needs {'PLAN' if args.action == 'preregister' else 'PREREG'} (JSON)")
+    if args.output:
+        check_writable(args.output, "--output")
+    if args.action == "preregister":
+        seen = preregister.seen_regimes([read_json(m, "--seen map") for m in args.seen])
+        prereg = preregister.register(read_json(args.map, "plan"), seen)
+        prereg["seen_maps"] = list(args.seen)
+        if args.output:
+            preregister.write(prereg, args.output)
+        for c in prereg["calls"]:
+            print(f"  {c['set']:<6} {c['model']}:{c['regime']:<12} {c['config']:<20} {c['level']:<6} score "
+                  f"{c['score']:.3f}")
+        print("calls per level: " + ", ".join(f"{k} {v}" for k, v in prereg["counts"].items()))
+        return 0
+    tuned = {}
+    for item in args.tuned:
+        model, _, lr = item.partition("=")
+        try:
+            tuned[model] = float(lr)
+        except ValueError:
+            raise ValueError(f"--tuned takes MODEL=LR, got {item!r}") from None
+    maps = {}
+    for path in args.maps:
+        m = read_json(path, "map")
+        if not isinstance(m, dict) or "model" not in m or "runs" not in m:
+            raise ValueError(f"{path} is not a merged convergence map (lioncub bench convergence --merge)")
+        maps[m["model"]] = m
+    rep = preregister.report(read_json(args.map, "pre-registration"), maps, tuned)
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(rep, f, indent=1)
+    print(preregister.format_report(rep))
     return 0
 
 

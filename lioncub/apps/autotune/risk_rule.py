@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from lioncub import methods
+from lioncub.apps.train.configs import WARMUP
 from lioncub.apps.train.configs import parse as configuration
 from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.optim import schedules
@@ -342,17 +343,20 @@ def fit(map_res: dict, held_out=HELD_OUT, batch0: int = 16, lr0: float | None = 
                 entries=entries, noise=noise, check="")
 
 
-def check(map_res: dict, fitted: dict) -> dict:
+def check(map_res: dict, fitted: dict, tuned_lr: float | None = None) -> dict:
     """On the held-out regimes: of the (regime, configuration) cells the rule calls low risk, the share
     whose measured mean loss is within 2% of the baseline. Held out: every regime the fit did not see (a map
-    of another model than the fit's, whole, its lr read against that model's tuned lr)."""
+    of another model than the fit's, whole, its lr read against that model's tuned lr: `tuned_lr`, else its
+    default). Cells with a dense warm-up ("+warmup:K") are not the rule's to score: left out."""
     global FIT
     saved, FIT = FIT, fitted
     other_model = map_res["model"] != fitted["model"]
-    tuned = DEFAULT_LR.get(map_res["model"], fitted["lr0"])
+    tuned = tuned_lr or DEFAULT_LR.get(map_res["model"], fitted["lr0"])
     try:
         rows = []
         for c in map_res["cells"]:
+            if WARMUP in c["config"]:
+                continue
             held = other_model or _regime_id(c, tuned) not in fitted["construction"]
             method, _, sync = c["config"].partition("@")
             if not held or configuration(method).dense:

@@ -82,7 +82,7 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--steps", type=int, help="default 300 (--grid: 200)")
     p.add_argument("--model", help="default char-small (--grid: char-tiny)")
-    p.add_argument("--configs", help="comma-separated method[@sync]")
+    p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves (--merge: the heat map) here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--grid", action="store_true",
@@ -96,6 +96,12 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of --lr (default 1,2)")
     p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
     p.add_argument("--device", help="--grid: cpu (default), cuda, ...: where every rank trains (ranks share it)")
+    p.add_argument("--data", choices=("pydoc-topics", "python-src"), help="--grid: the text (default: the model's)")
+    p.add_argument("--block-size", dest="block_size", type=int, help="--grid: default the model's (64, byte-*: 256)")
+    p.add_argument("--amp", choices=("none", "bf16"), help="--grid: bf16 autocast for the forward pass")
+    p.add_argument("--eval-batches", dest="eval_batches", type=int, help="--grid: validation batches (default 8)")
+    p.add_argument("--deadline", type=float, metavar="EPOCH",
+                   help="--grid: start no run predicted (from a finished run of its kind) to end after this time")
 
 
 # name -> (options, module of this package, its run function, help)

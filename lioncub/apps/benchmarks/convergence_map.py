@@ -10,6 +10,7 @@ per (regime, configuration) the mean ratio, its standard error and range over se
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -19,6 +20,7 @@ import sys
 import time
 
 from lioncub.apps.train.configs import parse as configuration
+from lioncub.apps.train.configs import split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
 
 # The grid, sized for a 2-core machine: char-tiny, 200 steps, block 64 (TrainConfig's defaults otherwise).
@@ -47,15 +49,16 @@ def regime_key(r: dict) -> str:
 
 
 def split_config(config: str) -> tuple[str, str]:
-    method, _, sync = config.partition("@")
-    return method, sync or "none"
+    """(method, momentum sync) of a cell's configuration (its dense warm-up, if any: configs.split_run)."""
+    method, sync, _ = split_run(config)
+    return method, sync
 
 
 def is_baseline(config: str) -> bool:
     """Whether `config` is the map's reference: LionCub's dense method (averaged gradients), without momentum
     sync."""
-    method, sync = split_config(config)
-    return configuration(method).dense and sync == "none"
+    method, sync, warmup = split_run(config)
+    return configuration(method).dense and sync == "none" and not warmup
 
 
 def runs(configs=CONFIGS, seeds=SEEDS, lr: float | None = None, **grid) -> list[dict]:
@@ -78,20 +81,38 @@ def _key(run: dict) -> tuple:
     return (run["config"], run["ranks"], run["batch_size"], run["lr"], run["seed"])
 
 
+# what a part records of its training set-up beyond model, steps and device, with the value every part written
+# before it was recorded had (the char models on pydoc-topics, block 64, fp32, 8 eval batches)
+SETUP = dict(data="pydoc-topics", block_size=64, amp="none", eval_batches=8)
+
+
 def _setting(d: dict) -> dict:
     """What must match for two parts' runs to be compared (parts written before `device` was recorded ran on
-    the CPU)."""
-    return dict(model=d["model"], steps=d["steps"], device=d.get("device", "cpu"))
+    the CPU; before the rest of SETUP, with SETUP's values)."""
+    return dict(model=d["model"], steps=d["steps"], device=d.get("device", "cpu"),
+                **{k: d.get(k, v) for k, v in SETUP.items()})
+
+
+def _predicted_seconds(res: dict, run: dict, steps: int) -> float | None:
+    """How long `run` should take, from this part's finished runs of the same configuration and world size
+    (their start-up and steps); None before there is one."""
+    same = [r for r in res["runs"] if (r["config"], r["ranks"]) == (run["config"], run["ranks"])]
+    return max(r["wall_seconds"] for r in same) if same else None
 
 
 def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int = STEPS, model: str = MODEL,
-             seeds=SEEDS, lr: float | None = None, device: str = "cpu", **grid) -> dict:
-    from lioncub.apps.train.loop import TrainConfig, train_local
-    from lioncub.optim import schedules
+             seeds=SEEDS, lr: float | None = None, device: str = "cpu", deadline: float | None = None,
+             setup: dict | None = None, **grid) -> dict:
+    """Run the grid's runs not yet in `output`, in order. `setup` sets TrainConfig's data, block_size, amp and
+    eval_batches (None: the model's defaults); with `deadline` (a time.time()), a run is not started when a
+    finished run of the same configuration and world size took longer than what is left."""
+    from lioncub.apps.train.loop import TrainConfig
 
     lr = _default_lr(model) if lr is None else lr
     todo = part_of(runs(configs, seeds, lr, **grid), part)
-    res = dict(model=model, steps=steps, device=device, part=part, runs=[])
+    base = TrainConfig(model=model, device=device, **(setup or {}))  # resolves the model's data and block
+    res = dict(model=model, steps=steps, device=device, part=part,
+               **{k: getattr(base, k) for k in SETUP}, runs=[])
     if output and os.path.exists(output):
         with open(output) as f:
             prev = json.load(f)
@@ -103,26 +124,39 @@ def run_grid(part: str | None, output: str | None, configs=CONFIGS, steps: int =
     for run in todo:
         if _key(run) in have:
             continue
-        method, sync = split_config(run["config"])
-        cfg = TrainConfig(model=model, method=method, momentum_sync=sync, steps=steps, lr=run["lr"],
-                          batch_size=run["batch_size"], seed=run["seed"], device=device)
-        t0 = time.perf_counter()
-        s = train_local(cfg, run["ranks"], progress=False)
-        sched = schedules.resolve(schedules.parse(sync))
-        row = dict(run, method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
-                   bytes_per_step=s["total_bytes_sent"] / steps, momentum_syncs=s["momentum_syncs"],
-                   agreement=s.get("agreement"), final_agreement=s.get("final_agreement"),
-                   mean_step_seconds=s["mean_step_seconds"], wall_seconds=time.perf_counter() - t0,
-                   threshold=getattr(sched, "threshold", None))
-        res["runs"].append(row)
-        print(f"  {run['config']} {regime_key(run)} seed {run['seed']}: loss {s['final_loss']:.4f}"
-              f" ({row['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
-        if output:
-            tmp = output + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(res, f, indent=1)
-            os.replace(tmp, output)
+        need = _predicted_seconds(res, run, steps)
+        if deadline is not None and need is not None and time.time() + need > deadline:
+            print(f"  deadline: {run['config']} {regime_key(run)} seed {run['seed']} not started (its kind took "
+                  f"{need:.0f} s, {max(0.0, deadline - time.time()):.0f} s left)", file=sys.stderr, flush=True)
+            continue
+        _run_one(res, run, steps, base, output)
     return res
+
+
+def _run_one(res: dict, run: dict, steps: int, base, output: str | None) -> None:
+    """Train one run of the grid and record it in `res` (and in `output`, atomically)."""
+    from lioncub.apps.train.loop import TrainConfig, train_local
+    from lioncub.optim import schedules
+
+    method, sync, warmup = split_run(run["config"])
+    cfg = TrainConfig(**dict(dataclasses.asdict(base), method=method, momentum_sync=sync, dense_warmup=warmup,
+                             steps=steps, lr=run["lr"], batch_size=run["batch_size"], seed=run["seed"]))
+    t0 = time.perf_counter()
+    s = train_local(cfg, run["ranks"], progress=False)
+    sched = schedules.resolve(schedules.parse(sync))
+    row = dict(run, method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
+               bytes_per_step=s["total_bytes_sent"] / steps, momentum_syncs=s["momentum_syncs"],
+               agreement=s.get("agreement"), final_agreement=s.get("final_agreement"),
+               mean_step_seconds=s["mean_step_seconds"], wall_seconds=time.perf_counter() - t0,
+               threshold=getattr(sched, "threshold", None))
+    res["runs"].append(row)
+    print(f"  {run['config']} {regime_key(run)} seed {run['seed']}: loss {s['final_loss']:.4f}"
+          f" ({row['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
+    if output:
+        tmp = output + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(res, f, indent=1)
+        os.replace(tmp, output)
 
 
 def merge(paths: list[str]) -> dict:
@@ -221,7 +255,8 @@ def format_map(res: dict) -> str:
     return "\n".join(lines)
 
 
-GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds", "device")
+GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds", "device", "data", "block_size", "amp",
+                "eval_batches", "deadline")
 
 
 def run_convergence(args) -> int:
@@ -250,8 +285,9 @@ def run_convergence(args) -> int:
         if getattr(args, name, None):
             grid[name] = tuple(cast(x) for x in getattr(args, name).split(","))
     seeds = tuple(int(x) for x in args.seeds.split(",")) if getattr(args, "seeds", None) else SEEDS
+    setup = {k: getattr(args, k) for k in SETUP if getattr(args, k, None) is not None}
     res = run_grid(args.part, args.output, configs, args.steps or STEPS, args.model or MODEL, seeds,
-                   lr=args.lr, device=args.device or "cpu", **grid)
+                   lr=args.lr, device=args.device or "cpu", deadline=args.deadline, setup=setup, **grid)
     if args.json:
         print(json.dumps(res, indent=1))
     return 0

@@ -8,16 +8,21 @@ import sys
 from lioncub.apps.train import configs
 from lioncub.files import check_writable, read_json
 
-MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "mlp")
+MODEL_CHOICES = ("char-tiny", "char-small", "char-medium", "byte-30m", "byte-gpt2-small", "mlp")
+DATA_CHOICES = ("pydoc-topics", "python-src")  # lioncub.apps.train.data.TEXT_DATASETS (no torch imported here)
 
 
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a built-in model with any method/config",
-                       description="Train the character transformer (Python's own docs, no download) or an MLP. "
+                       description="Train a transformer on Python's own docs (char-*: pydoc-topics, characters) or "
+                                   "sources (byte-*: python-src, bytes; built offline, `lioncub corpus`), or an MLP. "
                                    "Under torchrun each process is a rank; otherwise --ranks N spawns N local "
                                    "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
     p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")
     p.add_argument("--model", choices=MODEL_CHOICES)
+    p.add_argument("--data", choices=DATA_CHOICES,
+                   help="the text to train on (default: the model's: pydoc-topics for char-*, python-src for byte-*)")
+    p.add_argument("--amp", choices=("none", "bf16"), help="bf16: the forward pass under bf16 autocast (default none)")
     p.add_argument("--method", choices=configs.NAMES,
                    help=f"a LionCub method, or {configs.DDP_LION.name} (torch DDP + plain Lion, the usual baseline)")
     p.add_argument("--levels", type=int, help="L1 levels for l1-pbit (default 127 // ranks)")
@@ -68,9 +73,9 @@ def config_from_args(args):
         if not isinstance(base, dict):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
-    for key in ("model", "method", "levels", "momentum_sync", "lr", "weight_decay", "warmup", "steps", "batch_size",
-                "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed", "device",
-                "timing", "checkpoint_dir", "checkpoint_every", "resume"):
+    for key in ("model", "data", "amp", "method", "levels", "momentum_sync", "lr", "weight_decay", "warmup", "steps",
+                "batch_size", "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed",
+                "device", "timing", "checkpoint_dir", "checkpoint_every", "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value

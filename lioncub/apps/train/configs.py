@@ -84,3 +84,20 @@ def parse(text: str) -> Configuration:
         return BY_NAME[text]
     except (KeyError, TypeError):
         raise ValueError(f"unknown method {text!r}; choose one of {', '.join(NAMES)}") from None
+
+
+WARMUP = "+warmup:"  # a map cell's dense start: "vote-1bit+warmup:100" runs TrainConfig(dense_warmup=100)
+
+
+def split_run(text: str) -> tuple[str, str, int]:
+    """A convergence-map cell's configuration, "<method>[@<momentum sync>][+warmup:<K>]", as (method, sync,
+    dense warm-up steps): "vote-1bit@adaptive" -> ("vote-1bit", "adaptive", 0), "vote-1bit+warmup:100" ->
+    ("vote-1bit", "none", 100). One-line ValueError for a bad K."""
+    head, sep, k = text.partition(WARMUP)
+    warmup = 0
+    if sep:
+        if not k.isdigit() or int(k) < 1:
+            raise ValueError(f"{text!r}: the dense warm-up is +warmup:K with K >= 1 steps")
+        warmup = int(k)
+    method, _, sync = head.partition("@")
+    return method, sync or "none", warmup

@@ -1,7 +1,10 @@
 """Bundled training data: no downloads.
 
-* `CharText`: the Python documentation topics that ship with CPython (`pydoc_data.topics`, ~465k
-  characters), as a character-level language-modelling corpus.
+* `CharText` ("pydoc-topics"): the Python documentation topics that ship with CPython (`pydoc_data.topics`,
+  ~465k characters), as a character-level language-modelling corpus.
+* `ByteText` ("python-src"): about 41 MB of Python sources and docs (this Python's standard library and the
+  sources of numpy, tqdm and simpy), byte-level, split by document, built once into a cached token file
+  (lioncub.apps.train.corpus).
 * `Blobs`: a synthetic classification task (Gaussian clusters through a fixed random teacher), for the MLP.
 
 Batches are a pure function of (seed, rank, step), so every rank sees different data, and a resumed run
@@ -11,6 +14,9 @@ sees exactly the batches the uninterrupted run would have seen.
 from __future__ import annotations
 
 import torch
+
+# the text datasets, by the name `lioncub train --data` takes
+TEXT_DATASETS = ("pydoc-topics", "python-src")
 
 
 def _generator(seed: int, rank: int, step: int) -> torch.Generator:
@@ -42,6 +48,49 @@ class CharText:
 
     def decode(self, ids) -> str:
         return "".join(self.chars[i] for i in ids)
+
+
+class ByteText:
+    """The `python-src` corpus (lioncub.apps.train.corpus), bytes as tokens. The token files are opened (and
+    built, if there are none) at the first batch, so a model can be built from `vocab_size` alone."""
+
+    vocab_size = 256
+
+    def __init__(self, progress: bool = True):
+        self.progress = progress
+        self._splits = None
+        self.manifest = None
+
+    def _data(self, split: str):
+        if self._splits is None:
+            from lioncub.apps.train import corpus
+
+            self.manifest, train, val = corpus.load(progress=self.progress)
+            self._splits = dict(train=train, val=val)
+        return self._splits["train" if split == "train" else "val"]
+
+    def batch(self, batch_size: int, block: int, *, seed: int, rank: int, step: int, split: str = "train"):
+        import numpy as np
+
+        data = self._data(split)
+        if len(data) <= block + 1:
+            raise ValueError(f"block size {block} is longer than the {split} split ({len(data)} bytes)")
+        gen = _generator(seed, rank, step)
+        ix = torch.randint(len(data) - block - 1, (batch_size,), generator=gen).tolist()
+        rows = torch.from_numpy(np.stack([data[i : i + block + 1] for i in ix])).long()
+        return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def text_dataset(name: str, progress: bool = True):
+    """The text dataset `name` (one of TEXT_DATASETS)."""
+    if name == "pydoc-topics":
+        return CharText()
+    if name == "python-src":
+        return ByteText(progress=progress)
+    raise ValueError(f"unknown dataset {name!r}; choose one of {', '.join(TEXT_DATASETS)}")
 
 
 class Blobs:

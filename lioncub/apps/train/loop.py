@@ -3,6 +3,7 @@ or the emulated-Ethernet lab."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -16,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from lioncub.apps.train import configs
-from lioncub.apps.train.data import Blobs, CharText
-from lioncub.apps.train.models import MLP, PRESETS, CharTransformer, GPTConfig, count_params
+from lioncub.apps.train.data import TEXT_DATASETS, Blobs, text_dataset
+from lioncub.apps.train.models import DEFAULTS, MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.comm import transport, wire
 from lioncub.comm.distributed import broadcast_parameters
@@ -26,6 +27,7 @@ from lioncub.optim import LionCub, schedules
 from lioncub.optim.lion import Lion
 
 MODELS = tuple(PRESETS) + ("mlp",)
+AMP = ("none", "bf16")  # TrainConfig.amp: the forward pass in fp32, or under bf16 autocast
 
 
 @dataclass
@@ -42,7 +44,9 @@ class TrainConfig:
     warmup: int = 10
     steps: int = 100
     batch_size: int = 16
-    block_size: int = 64
+    block_size: int | None = None  # None: the model's default (64 for char-*, 256 for byte-*)
+    data: str | None = None  # a text dataset (TEXT_DATASETS); None: the model's (pydoc-topics, python-src)
+    amp: str = "none"  # "bf16": forward and loss under torch.autocast(bfloat16); parameters and updates in fp32
     bucket_mb: float | None = None  # None: LionCub's default (lioncub.comm.wire.auto_bucket_mb)
     grad_wire_dtype: str = "float32"
     overlap: bool = True
@@ -64,6 +68,17 @@ class TrainConfig:
         run = self.configuration  # raises for a name that is not a configuration
         if self.lr is None:
             self.lr = DEFAULT_LR[self.model]
+        default_data, default_block = DEFAULTS[self.model]
+        if self.block_size is None:
+            self.block_size = default_block
+        if self.data is None:
+            self.data = default_data
+        if self.model == "mlp" and self.data != "blobs":
+            raise ValueError(f"the mlp trains on blobs, not {self.data!r}")
+        if self.model != "mlp" and self.data not in TEXT_DATASETS:
+            raise ValueError(f"unknown dataset {self.data!r}; choose one of {', '.join(TEXT_DATASETS)}")
+        if self.amp not in AMP:
+            raise ValueError(f"amp must be one of {', '.join(AMP)}, got {self.amp!r}")
         if not self.lr > 0:
             raise ValueError(f"lr must be > 0, got {self.lr}")
         if self.steps < 1 or self.batch_size < 1 or self.block_size < 2 or self.warmup < 0:
@@ -95,9 +110,16 @@ def build(cfg: TrainConfig):
     torch.manual_seed(cfg.seed)
     if cfg.model == "mlp":
         return MLP(), Blobs(seed=cfg.seed)
-    data = CharText()
+    data = text_dataset(cfg.data)
     gpt = GPTConfig(vocab_size=data.vocab_size, block_size=cfg.block_size, **PRESETS[cfg.model])
     return CharTransformer(gpt), data
+
+
+def autocast(cfg: TrainConfig):
+    """The forward pass's context: bf16 autocast on the config's device type with amp="bf16"."""
+    if cfg.amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16)
 
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -149,7 +171,8 @@ def evaluate(model, data, cfg: TrainConfig) -> float:
     losses = []
     for i in range(rank, cfg.eval_batches * world, world):  # the ranks split one fixed set of batches
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed + 1, rank=0, step=i, split="val")
-        losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
+        with autocast(cfg):
+            losses.append(model(x.to(cfg.device), y.to(cfg.device))[1].item())
     model.train()
     return _mean_over_ranks(statistics.fmean(losses))
 
@@ -192,7 +215,8 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
         x, y = x.to(cfg.device), y.to(cfg.device)
         opt.zero_grad()
-        _, loss = net(x, y)
+        with autocast(cfg):
+            _, loss = net(x, y)
         loss.backward()
         t1 = time.perf_counter()
         opt.step()
@@ -300,7 +324,9 @@ def _compute_probe(rank, world_size, cfg_dict, steps):
         t0 = time.perf_counter()
         x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step)
         model.zero_grad()
-        model(x, y)[1].backward()
+        with autocast(cfg):
+            loss = model(x, y)[1]
+        loss.backward()
         times.append(time.perf_counter() - t0)
     return statistics.median(times[1:])
 

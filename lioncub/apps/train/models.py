@@ -19,13 +19,22 @@ class GPTConfig:
     n_embd: int = 128
 
 
-# name -> (GPTConfig overrides, default batch size, default block size)
+# name -> GPTConfig overrides
 PRESETS = {
     "char-tiny": dict(n_layer=2, n_head=4, n_embd=128),  # ~0.4M parameters: demo and tests
     "char-small": dict(n_layer=4, n_head=4, n_embd=256),  # ~3.2M: communication-bound on slow links
     "char-medium": dict(n_layer=6, n_head=8, n_embd=384),  # ~10.7M
+    # byte-level (vocabulary 256), on the python-src corpus (lioncub.apps.train.corpus):
+    "byte-30m": dict(n_layer=6, n_head=10, n_embd=640),  # 30,033,920 parameters at block 256
+    # GPT-2-small's body (12 layers, 12 heads, 768 wide, untied head): 85,645,824 parameters at block 256,
+    # 86,235,648 at 1024. Not GPT-2's 124M: that count is 38.6M of 50,257-token embedding, which bytes do not have
+    "byte-gpt2-small": dict(n_layer=12, n_head=12, n_embd=768),
 }
-
+# name -> (the dataset it trains on unless told otherwise, its default block size)
+DEFAULTS = {
+    "char-tiny": ("pydoc-topics", 64), "char-small": ("pydoc-topics", 64), "char-medium": ("pydoc-topics", 64),
+    "byte-30m": ("python-src", 256), "byte-gpt2-small": ("python-src", 256), "mlp": ("blobs", 64),
+}
 
 
 class CausalSelfAttention(nn.Module):
