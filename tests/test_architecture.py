@@ -27,6 +27,11 @@ FOREIGN_PRIVATE = {
     ("lioncub.kernels.triton_interpreter", "interp._patch_lang_tensor"):
         "teach the Triton interpreter (tests on CPU) what the compiler does; docs/KERNELS.md",
 }
+# modules whose job is to hold another library's internals, behind a pin and a test of what they rely on
+FOREIGN_PRIVATE_MODULES = {
+    "lioncub.simulator.engine": "SimPy's event queue and clock: simpy pinned in pyproject, "
+                                "tests/test_simulator_engine.py, docs/SIMULATOR.md",
+}
 
 
 def _trees():
@@ -42,6 +47,8 @@ def private_uses() -> list[str]:
     """`x._name` for any x but self/cls, and `from module import _name` of another lioncub module."""
     found = []
     for name, _, tree in _trees():
+        if name in FOREIGN_PRIVATE_MODULES:
+            continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
                 if isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"):
@@ -66,17 +73,16 @@ def long_functions() -> list[str]:
 
 
 METHOD_NAMES = set(methods.NAMES) | {"ddp+lion"}
-NAME_CONSTANTS = {"BASELINE", "DEFAULT", "DDP_LION"}  # the registry's (and the configurations') name constants
 
 
 def _names_a_method(node) -> bool:
-    """A method's name: a literal one (or a tuple of them), or a constant that holds one."""
+    """A method's name spelled out (or a tuple of them): code that means the baseline says methods.BASELINE,
+    code that means a kind of method asks its capabilities."""
     if isinstance(node, ast.Constant):
         return node.value in METHOD_NAMES
     if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
         return any(_names_a_method(e) for e in node.elts)
-    leaf = node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
-    return leaf in NAME_CONSTANTS
+    return False
 
 
 def _is_collective_op(node) -> bool:
@@ -130,4 +136,4 @@ def test_the_scanners_find_what_they_look_for():
     compares = [n for n in ast.walk(tree) if isinstance(n, ast.Compare)]
     found = [any(_names_a_method(x) for x in [c.left, *c.comparators])
              and not any(_is_collective_op(x) for x in [c.left, *c.comparators]) for c in compares]
-    assert found == [True, True, True, False]
+    assert found == [True, True, False, False]

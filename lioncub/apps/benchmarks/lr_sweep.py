@@ -16,10 +16,12 @@ import json
 import statistics
 import sys
 
+from lioncub import methods
+
 
 def select(map_res: dict, seeds: list[int]) -> dict:
     """{lr, complete, at_edge, table} of a sweep's merged map (allreduce runs)."""
-    runs = [r for r in map_res["runs"] if r["config"] == "allreduce"]
+    runs = [r for r in map_res["runs"] if r["config"] == methods.BASELINE]
     lrs = sorted({r["lr"] for r in runs})
     table = []
     for lr in lrs:
