@@ -120,7 +120,8 @@ res = autotune.search(cluster, 10_000_000, 0.05, methods=["toy-vote"], momentum_
 assert {c.method for c in res.candidates} == {"toy-vote"}
 BackendProfile(name="x", codec_bandwidth={"toy-vote": 5e9}).validate()  # a calibrated codec speed is accepted
 with contextlib.redirect_stdout(io.StringIO()) as out:
-    assert main(["simulate", "step", "--method", "toy-vote", "--ranks", "4", "--params", "1M", "--json"]) == 0
+    assert main(["simulate", "step", "--method", "toy-vote", "--ranks", "4", "--params", "1M", "--compute-seconds",
+                 "0.05", "--json"]) == 0
 assert json.loads(out.getvalue())["method"] == "toy-vote"
 print("ok")
 """
