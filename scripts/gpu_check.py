@@ -56,7 +56,8 @@ MIN_STEP_S = 10  # every later step keeps at least this much of the budget
 
 GPT2_124M = dict(n_layer=12, d=768, vocab=50257, ctx=1024)
 GPT2_124M_PARAMS = 124_439_808
-TEST_FILES = ["tests/test_kernels_triton.py", "tests/test_optimizer_local.py", "tests/test_codecs.py"]
+TEST_FILES = ["tests/kernels/test_kernels_triton.py", "tests/optim/test_optimizer_local.py",
+              "tests/kernels/test_codecs.py"]
 TINY_TESTS = ("(lion_step_matches_twin and default-tiles-2051) or (quantize_onebit and default-tiles-0-2051) or "
               "(quantize_fields and default-tiles-1001-l1-pbit-4) or (vote_counts and 8-13-True-default) or "
               "(unpack_apply_onebit and default-tiles-True-2051) or (unpack_apply_fields and default-tiles-1001-vote) "
@@ -80,7 +81,7 @@ SIZES = {
     "tiny": dict(
         timeouts=dict(env=30, install=60, tests=90, bench=60, optimizer=60, ranks=90, train=90, nccl=90),
         copy_bytes=16 << 20,
-        tests=dict(files=["tests/test_kernels_triton.py"], k=TINY_TESTS, workers=0),
+        tests=dict(files=["tests/kernels/test_kernels_triton.py"], k=TINY_TESTS, workers=0),
         bench=[dict(dtype="float32", sizes="64K", share=1.0, repeat=1)],
         gpt2=dict(n_layer=1, d=32, vocab=256, ctx=64), opt_steps=2, opt_rounds=2,
         ranks=dict(world_sizes=[2], steps=3, sync_every=2, shapes=[(37, 5), (300,)], bf16=[(7, 3)], fp16=[(11,)],
@@ -1173,7 +1174,7 @@ def run_step(name: str, out: Path, size: str, device: str, timeout: float) -> in
     try:
         ctx.save()
         inject = dict(x.split(":", 1) for x in os.environ.get("LIONCUB_GPU_CHECK_INJECT", "").split(",") if ":" in x)
-        if inject.get(name) == "error":  # rehearsing the failure handling (tests/test_gpu_check.py)
+        if inject.get(name) == "error":  # rehearsing the failure handling (tests/apps/test_gpu_check.py)
             raise RuntimeError("injected failure (LIONCUB_GPU_CHECK_INJECT)")
         if inject.get(name) == "hang":  # with a child in a process group of its own, as pytest or a bench run
             child = subprocess.Popen(["sleep", str(int(timeout) + 3600)], preexec_fn=os.setpgrp)

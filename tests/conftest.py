@@ -1,14 +1,12 @@
 import os
 import sys
 
-# spawned ranks import the scenario modules in tests/ by name
-sys.path.insert(0, os.path.dirname(__file__))
+# the shared helpers (oracles, multi-rank scenarios) and the root's modules are imported by name, also by
+# spawned ranks, which get sys.path and PYTHONPATH from here
+HERE = os.path.dirname(os.path.abspath(__file__))
+PATHS = [os.path.join(HERE, "helpers"), HERE]
+for p in reversed(PATHS):
+    if p not in sys.path:
+        sys.path.insert(0, p)
 os.environ["PYTHONPATH"] = os.pathsep.join(
-    [os.path.dirname(__file__)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-
-# the python-src corpus (lioncub.apps.train.corpus) is built once per session into a temporary cache, not ~/.cache,
-# unless LIONCUB_CACHE names one already (spawned ranks and subprocesses inherit it)
-if not os.environ.get("LIONCUB_CACHE"):
-    import tempfile
-
-    os.environ["LIONCUB_CACHE"] = tempfile.mkdtemp(prefix="lioncub-test-cache-")
+    PATHS + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in PATHS])

@@ -30,7 +30,7 @@ FOREIGN_PRIVATE = {
 # modules whose job is to hold another library's internals, behind a pin and a test of what they rely on
 FOREIGN_PRIVATE_MODULES = {
     "lioncub.simulator.engine": "SimPy's event queue and clock: simpy pinned in pyproject, "
-                                "tests/test_simulator_engine.py, docs/SIMULATOR.md",
+                                "tests/simulator/test_simulator_engine.py, docs/SIMULATOR.md",
 }
 
 

@@ -4,7 +4,7 @@ Rank r runs on host r // ranks_per_host under `ip netns exec`, with the torchrun
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR on host 0, ...) and GLOO_SOCKET_IFNAME naming the host's
 lab interface. Ranks of one host talk to each other over the namespace's loopback: they share the host's
 address, which the kernel delivers locally, so only traffic between hosts crosses the shaped link (as
-NVLink keeps a node's traffic off its NIC; tests/test_lab_local.py measures it). A rank reports a result
+NVLink keeps a node's traffic off its NIC; tests/apps/test_lab_local.py measures it). A rank reports a result
 by writing JSON to $LIONCUB_LAB_RESULT (see `report`) and reads its host link's counters with
 `link_counters`.
 

@@ -281,7 +281,7 @@ def link_counters(net: Network, hosts: list[int] | None = None) -> list[dict[str
       TCP payload).
 
     Traffic between two processes of one host never appears here: it stays on the namespace's loopback
-    (tests/test_lab_local.py). Three `ip`/`tc` calls per host: read them around a window, not every step."""
+    (tests/apps/test_lab_local.py). Three `ip`/`tc` calls per host: read them around a window, not every step."""
     ports = _qdisc_sent(net.switch_netns)
     out = []
     for i in range(len(net.hosts)) if hosts is None else hosts:

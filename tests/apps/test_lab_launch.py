@@ -14,11 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
+from repo import HELPERS
 
 from lioncub.apps.lab import Lab, LabError, missing_privileges, netns, probes
 
 WHY = missing_privileges()
-RANK = str(Path(__file__).with_name("lab_rank.py"))
+RANK = str(HELPERS / "lab_rank.py")
 LIONCUB = [sys.executable, "-m", "lioncub.cli"]
 pytestmark = pytest.mark.timeout(240)
 

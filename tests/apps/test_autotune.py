@@ -8,6 +8,7 @@ import random
 
 import pytest
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
+from repo import REPO
 
 from lioncub import methods
 from lioncub.apps import autotune
@@ -306,11 +307,10 @@ def test_risk_fit_reproduces_from_the_committed_map_with_its_recorded_check():
     its recorded held-out check is what that fit scores on the map (whether the check reaches the issue's
     90% is reported in docs/BENCHMARKS.md)."""
     import json
-    from pathlib import Path
 
     from lioncub.apps.autotune import risk_rule
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "results" / "convergence-map.json"
+    path = REPO / "docs" / "results" / "convergence-map.json"
     res = json.loads(path.read_text())
     fitted = risk_rule.fit(res)
     for key in ("entries", "noise", "z", "gentlest", "construction", "held_out"):
@@ -428,14 +428,13 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
     """docs/results/risk-rule-preregistered.json holds the rule's calls for the regimes procedure 4 holds out,
     written before they ran: the committed fit (refitted since on a map that holds them) still makes them."""
     import json
-    from pathlib import Path
 
     from lioncub.apps.autotune import risk_rule
     from lioncub.apps.train.loop import TrainConfig
     from lioncub.apps.tuned_lr import DEFAULT_LR
 
     assert risk_rule.FIT["lr0"] == DEFAULT_LR[risk_rule.FIT["model"]] == TrainConfig(model=risk_rule.FIT["model"]).lr
-    pre = json.loads((Path(__file__).resolve().parent.parent / "docs" / "results" /
+    pre = json.loads((REPO / "docs" / "results" /
                       "risk-rule-preregistered.json").read_text())
     for key in ("entries", "noise", "z", "gentlest"):
         assert pre["fit"][key] == risk_rule.FIT[key], key

@@ -4,14 +4,13 @@ bytes, never on times, so a busy machine cannot break it."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from repo import HELPERS
 
 from lioncub.apps.lab import Lab, missing_privileges, netns
 
 WHY = missing_privileges()
-RANK = str(Path(__file__).with_name("lab_rank.py"))
+RANK = str(HELPERS / "lab_rank.py")
 pytestmark = [
     pytest.mark.root,
     pytest.mark.skipif(WHY is not None, reason=WHY or ""),

@@ -3,7 +3,7 @@
 On CPU they run under the Triton interpreter (TRITON_INTERPRET=1 is set by the `T` fixture, before the
 kernels are imported, and removed after this module). The same tests validate the GPU kernels:
 
-    LIONCUB_TEST_DEVICE=cuda pytest tests/test_kernels_triton.py
+    LIONCUB_TEST_DEVICE=cuda pytest tests/kernels/test_kernels_triton.py
 
 Float pipelines may differ only where a value sits at a rounding boundary: a sign flip where |c| is at
 rounding level (or, for l1-pbit, a level change where c*mult is at a half-integer). `assert_close_codes`

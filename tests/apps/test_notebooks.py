@@ -11,12 +11,13 @@ import json
 from pathlib import Path
 
 import pytest
+from repo import REPO
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")
 kernelspec = pytest.importorskip("ipykernel.kernelspec")
 
-NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOK_DIR = REPO / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 EXPECTED = {"01_bandwidth_tradeoffs", "02_autotune_then_train", "03_kernels"}
 CELL_TIMEOUT = 300  # seconds per cell; the slowest quick cell (notebook 2's trainings) takes ~20 s here

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from repo import REPO
 
 from lioncub import methods
 
-REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 import gpu_check  # noqa: E402  (an operations script, importable from scripts/)
 

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
+from repo import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = str(REPO)
 
 
 def _torchrun(script, *args):

@@ -4,6 +4,7 @@ import json
 import os
 
 import pytest
+from repo import REPO
 
 from lioncub.apps.train.loop import TrainConfig, summarize, train_local
 from lioncub.apps.train.predict import momentum_interval, predict_step
@@ -122,11 +123,10 @@ def test_each_models_default_lr_is_the_best_of_its_committed_sweep():
     sweep: char-tiny's on this machine (lr-sweep.json), char-small's and char-medium's on an H100."""
     import glob
     import statistics
-    from pathlib import Path
 
     from lioncub.apps.benchmarks import convergence_map as cm
 
-    results = Path(__file__).resolve().parent.parent / "docs" / "results"
+    results = REPO / "docs" / "results"
     tiny = json.loads((results / "lr-sweep.json").read_text())
     best = min(tiny["table"], key=lambda row: row["mean"])
     assert best["lr"] == tiny["chosen_default"] == TrainConfig(model="char-tiny").lr == TrainConfig().lr

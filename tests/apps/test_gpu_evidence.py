@@ -7,14 +7,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo import REPO
 
 from lioncub.apps.autotune import preregister
 from lioncub.apps.benchmarks import lr_sweep
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_lr_sweep_picks_the_lowest_mean_only_when_complete(tmp_path, capsys):

@@ -4,12 +4,12 @@ API (now, peek, triggered, processed, ok, value, processes resuming)."""
 
 import math
 import re
-from pathlib import Path
 
 import simpy
 from lioncub.simulator import engine
+from repo import REPO
 
-PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+PYPROJECT = REPO / "pyproject.toml"
 
 
 def test_the_installed_simpy_is_the_pinned_one():

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from repo import REPO
 
 from lioncub.apps.benchmarks import convergence_map as cm
 
@@ -93,9 +94,8 @@ def test_gpu_map_script_rehearses_a_regime_on_cpu_and_checks_the_rule(tmp_path):
     import os
     import subprocess
     import sys
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = REPO
     env = dict(os.environ, DEVICE="cpu", MODELS="char-tiny", STEPS="2", REGIMES="N3-b4-x1", SEED_STREAMS="0 1",
                CONFIGS="allreduce,vote-1bit", PYTHON=sys.executable, SKIP_INSTALL="1")
     out = tmp_path / "gm"

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import json
 import statistics
-from pathlib import Path
 
 import pytest
+from repo import REPO
 
 from lioncub.apps.autotune import preregister, risk_rule
 from lioncub.apps.benchmarks import convergence_map as cm
 from lioncub.apps.train.configs import split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
 
-REPO = Path(__file__).resolve().parents[1]
 SETUP = dict(data="pydoc-topics", block_size=64, amp="none", eval_batches=8)
 
 

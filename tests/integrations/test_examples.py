@@ -4,7 +4,9 @@ import os
 import subprocess
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from repo import REPO
+
+ROOT = str(REPO)
 
 
 def test_torchrun_example_trains_and_keeps_replicas_identical():
