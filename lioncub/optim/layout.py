@@ -54,9 +54,9 @@ class FlatLayout:
         """p <- p(1 - lr wd) - lr U from the agreed code; with `deferred`, the momentum update `pack` left out."""
         x.apply(b.p, code, lr=h.lr, wd=h.wd, momentum=(b.g, b.m, h.beta2) if deferred else None)
 
-    def momentum_piece(self, b, s: int, e: int):
-        """The momentum of bucket elements [s, e) that this rank holds."""
-        return b.m[s:e]
+    def momentum_piece(self, b, i: int):
+        """The momentum of bucket b's parameter i that this rank holds."""
+        return b.m[b.offsets[i] : b.offsets[i + 1]]
 
     def dense_step(self, buckets) -> list:
         """Lion on gradients averaged over every rank (identical everywhere); returns its collectives."""
@@ -132,7 +132,7 @@ class NodeLayout(FlatLayout):
         """The node's mean of this rank's shard (a reduce-scatter inside the node of the gradients as they
         are, then divided by the loss scale), and its segments."""
         t0 = time.perf_counter()
-        g = x.reduce(b.g_full)
+        g = x.reduce(b.g)
         if inv_scale is not None:
             g.mul_(inv_scale)
         return g, x.offsets, time.perf_counter() - t0
@@ -140,11 +140,10 @@ class NodeLayout(FlatLayout):
     def apply(self, b, x, code, h, deferred: bool = False) -> None:
         x.apply_shards(b, code, h, deferred)
 
-    def momentum_piece(self, b, s: int, e: int):
-        """The part of bucket elements [s, e) in this rank's shard [lo, lo + S), or None."""
-        lo = self.nodes.local * b.shard
-        a, z = max(s, lo), min(e, lo + b.shard)
-        return b.m[a - lo : z - lo] if a < z else None
+    def momentum_piece(self, b, i: int):
+        """The momentum of parameter i's rows in this rank's shard (possibly none)."""
+        at, n = b.shards.where(i, self.nodes.local)
+        return b.m[at : at + n]
 
     def dense_step(self, buckets) -> list:
         """Each rank forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
