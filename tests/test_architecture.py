@@ -20,7 +20,7 @@ MAX_NAME_BRANCHES = 5
 
 # other libraries' private members that have no public equivalent, each at the one place that needs it
 FOREIGN_PRIVATE = {
-    ("lioncub.optim.buckets", "b.g._version"): "torch's version counter of a tensor (autograd's own check)",
+    ("lioncub.optim.buckets", "t._version"): "torch's version counter of a tensor (autograd's own check)",
     ("lioncub.optim.overlap", "torch.autograd.Variable._execution_engine"):
         "queue a callback at the end of backward, as torch DDP does",
     ("lioncub.apps.train.lab", "os._exit"): "leave a forked child without running the parent's atexit",

@@ -49,6 +49,10 @@ class Bucket:
         self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
         self.grad_ptrs = [g.data_ptr() + size * s for s in offsets[:-1]]
 
+    def param_view(self, i: int) -> torch.Tensor:
+        """Parameter i's elements, flat (a view of the bucket)."""
+        return self.p[self.offsets[i] : self.offsets[i + 1]]
+
     def grad_in_place(self, i: int, param) -> bool:
         """Whether parameter i's .grad is still its view of the bucket."""
         grad = param.grad
@@ -67,7 +71,8 @@ class BucketSet:
 
     def __init__(self, param_groups: list, state, bucket_bytes: int, node_size: int = 1):
         self.param_groups, self.bucket_bytes, self.node_size = param_groups, bucket_bytes, node_size
-        self.private = False
+        self.private = False  # .grad belongs to another owner (torch DDP, FSDP2)
+        self.copies = False  # the buckets hold copies of .grad (torch DDP)
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
         self.unused: set[tuple[int, int]] = set()  # (bucket, index): no gradient on this rank this step
@@ -157,14 +162,14 @@ class BucketSet:
             first.append(first[-1] + len(members))
             starts.append(total)
             total += -(-sum(p.numel() for p in members) // align) * align
-        shards = [RowShards([p.shape for p in members], _bounds(members), G) if G > 1 else None for members in groups]
+        shards = [RowShards([p.shape for p in members], bounds(members), G) if G > 1 else None for members in groups]
         P = torch.zeros(total, dtype=dtype, device=device)
         Gr = torch.zeros(total, dtype=dtype, device=device)
         M = torch.zeros(total if G == 1 else sum(s.size for s in shards), dtype=dtype, device=device)
         buckets, m_start = [], 0
         for start, members, before, rows in zip(starts, groups, first, shards):
-            bounds = _bounds(members)
-            for p, lo in zip(members, bounds):
+            ends = bounds(members)
+            for p, lo in zip(members, ends):
                 lo, n = start + lo, p.numel()
                 P[lo : lo + n].copy_(p.data.reshape(-1))
                 if p.grad is not None:
@@ -174,13 +179,13 @@ class BucketSet:
                 p.grad = Gr[lo : lo + n].view_as(p)
                 if G == 1:  # (node layout: each rank holds a shard of the bucket's momenta, not whole ones)
                     state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
-            end = start + bounds[-1]
+            end = start + ends[-1]
             if G == 1:
                 m = M[start:end]
             else:
                 m = M[m_start : m_start + rows.size]
                 m_start += rows.size
-            buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, bounds,
+            buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, ends,
                                   before / len(params), rows))
         return buckets
 
@@ -189,7 +194,7 @@ class BucketSet:
     def keep_private(self) -> None:
         """From now on .grad belongs to another owner (torch DDP); the buckets keep their own copies, which
         `capture` (during backward) or `collect` fills."""
-        self.private = True
+        self.private = self.copies = True
         for b in self.buckets:
             for p in b.params:
                 p.grad = None
@@ -268,7 +273,7 @@ class BucketSet:
 
     def versions(self) -> list[int]:
         """The gradient buffers' version counters (torch's in-place write counters)."""
-        return [b.g._version for b in self.buckets]
+        return [version_of(b.g) for b in self.buckets]
 
     def as_exchanged(self, versions) -> bool:
         """Whether the gradients are still those of `versions`, in their views (private copies: only the
@@ -276,7 +281,7 @@ class BucketSet:
         if self.private:
             return True
         for b, version in zip(self.buckets, versions):
-            if b.g._version != version:
+            if version_of(b.g) != version:
                 return False
             if not all(b.grad_in_place(i, p) for i, p in enumerate(b.params)):
                 return False
@@ -288,7 +293,7 @@ class BucketSet:
         unless `buffers_only`) .grad alike."""
         for b in self.buckets:
             b.g.mul_(factor.to(b.g.device) if isinstance(factor, torch.Tensor) else factor)
-        if self.private and not buffers_only:
+        if self.copies and not buffers_only:
             for b in self.buckets:
                 for p in b.params:
                     if p.grad is not None:
@@ -315,9 +320,14 @@ def _touch_hook(buckets: BucketSet):
     return hook
 
 
-def _bounds(members) -> list[int]:
+def bounds(members) -> list[int]:
     """The parameters' boundaries in a bucket of `members`."""
     bounds = [0]
     for p in members:
         bounds.append(bounds[-1] + p.numel())
     return bounds
+
+
+def version_of(t: torch.Tensor | None) -> int | None:
+    """torch's in-place write counter of a tensor (autograd's own check), None for no tensor."""
+    return None if t is None else t._version

@@ -100,7 +100,29 @@ class FlatLayout:
         return ""
 
 
-class NodeLayout(FlatLayout):
+class ShardLayout(FlatLayout):
+    """A layout in which each rank keeps the momentum of its shard of every bucket (`b.shards`, sharded over
+    the G ranks of a node as FSDP2 shards parameters; this rank's shard `local`)."""
+
+    local = 0
+
+    def momentum_piece(self, b, i: int):
+        """The momentum of parameter i's rows in this rank's shard (possibly none)."""
+        at, n = b.shards.where(i, self.local)
+        return b.m[at : at + n]
+
+    def momentum_shards(self, buckets) -> list:
+        """This rank's momentum shard of each bucket (in no parameter's state)."""
+        return [b.m for b in buckets]
+
+    def check_resume(self, saved: dict, shards, buckets) -> None:
+        _mismatch(saved, shards, buckets, self)
+        if shards is not None and saved.get("rank", self.rank) != self.rank:
+            raise ValueError(f"rank {self.rank} was given rank {saved['rank']}'s hierarchical checkpoint: each rank "
+                             f"holds its own momentum shards and must load its own state_dict")
+
+
+class NodeLayout(ShardLayout):
     """Nodes of `node_size` ranks: inside a node the gradients are averaged and the momenta sharded; the nodes
     vote (lioncub.optim.nodes)."""
 
@@ -108,6 +130,7 @@ class NodeLayout(FlatLayout):
         super().__init__(group)
         self.node_size = node_size
         self.nodes = nodes.Nodes(group, node_size)
+        self.local = self.nodes.local
         self._sign_gathers: list = []  # one per bucket, built on the first dense step
 
     @property
@@ -140,11 +163,6 @@ class NodeLayout(FlatLayout):
     def apply(self, b, x, code, h, deferred: bool = False) -> None:
         x.apply_shards(b, code, h, deferred)
 
-    def momentum_piece(self, b, i: int):
-        """The momentum of parameter i's rows in this rank's shard (possibly none)."""
-        at, n = b.shards.where(i, self.nodes.local)
-        return b.m[at : at + n]
-
     def dense_step(self, buckets) -> list:
         """Each rank forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
         (nodes.SignGather): bit-identical to Lion on the mean gradient."""
@@ -168,16 +186,6 @@ class NodeLayout(FlatLayout):
         pieces, sizes, layouts = zip(*[(piece, n, x.layout) for b, x, shards in zip(buckets, xs, codes)
                                        for piece, n in x.pieces(b, shards)])
         return agreement.agreement(codec, list(pieces), list(sizes), self.nodes.count, levels, list(layouts))
-
-    def momentum_shards(self, buckets) -> list:
-        """This rank's momentum shard of each bucket (in no parameter's state)."""
-        return [b.m for b in buckets]
-
-    def check_resume(self, saved: dict, shards, buckets) -> None:
-        _mismatch(saved, shards, buckets, self)
-        if shards is not None and saved.get("rank", self.rank) != self.rank:
-            raise ValueError(f"rank {self.rank} was given rank {saved['rank']}'s hierarchical checkpoint: each rank "
-                             f"holds its own momentum shards and must load its own state_dict")
 
     def describe(self) -> str:
         return f", nodes={self.nodes.count}x{self.node_size}"
