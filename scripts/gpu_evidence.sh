@@ -2,7 +2,8 @@
 # Issue 30's evidence on the device machine, in one command that resumes across loans:
 #   1. the python-src token files carried from the CPU machine, checked against the committed manifest;
 #   2. the lr sweep of each model in SWEEP_MODELS (allreduce, 4 ranks sharing the GPU, batch 16, SWEEP_STEPS steps,
-#      0.5x, 1x and 2x its placeholder lr, seeds 0 and 1) and its pick (lioncub.apps.benchmarks.lr_sweep: the
+#      0.5x, 1x and 2x its placeholder lr, seeds 0 and 1, doubled past the top while the pick is there, at most
+#      SWEEP_EXTEND (2) times) and its pick (lioncub.apps.benchmarks.lr_sweep: the
 #      lowest mean final eval loss; made only once every lr has both seeds);
 #   3. the pre-registered convergence map: set SET of PREREG (its regimes, allreduce, its configurations and the
 #      prescribed dense warm-up, its seeds, steps and set-up), at x times the sweep's pick, seed by seed, each regime
@@ -75,16 +76,27 @@ PY
 }
 left() { echo $(( deadline - $(date +%s) )); }
 
-sweep() {  # model: its sweep until complete, then its pick in sweep/MODEL/lr.json
-  local m=$1 d="$out/sweep/$1"
+sweep() {  # model: its sweep until complete, then its pick in sweep/MODEL/lr.json; a pick at the sweep's top edge
+  # extends it by one doubling (at most SWEEP_EXTEND times; the extensions are kept in sweep/MODEL/extend)
+  local m=$1 d="$out/sweep/$1" regimes factors lrs top
   mkdir -p "$d"
-  [ -s "$d/lr.json" ] && return 0
-  [ "$(left)" -gt 30 ] || return 0
-  SKIP_INSTALL=1 PYTHON="$py" DEVICE="$device" MODELS="$m" CONFIGS=allreduce REGIMES="N4-b16-x$sweep_factors" \
-    SEED_STREAMS="${sweep_seeds//,/ }" STEPS="$sweep_steps" GRID_ARGS="--amp bf16 --eval-batches 16" \
-    bash scripts/gpu_map.sh "$d" "$(left)" > "$d/gpu_map-$stamp.log" 2>&1
-  "$py" -m lioncub.apps.benchmarks.lr_sweep "$d/$m-map.json" --seeds "$sweep_seeds" --output "$d/lr.json" \
-    > "$d/pick.txt" 2>&1
+  while ! [ -s "$d/lr.json" ] && [ "$(left)" -gt 30 ]; do
+    regimes="N4-b16-x$sweep_factors"; factors=$sweep_factors
+    for f in $(cat "$d/extend" 2>/dev/null); do regimes+=" N4-b16-x$f"; factors+=",$f"; done
+    SKIP_INSTALL=1 PYTHON="$py" DEVICE="$device" MODELS="$m" CONFIGS=allreduce REGIMES="$regimes" \
+      SEED_STREAMS="${sweep_seeds//,/ }" STEPS="$sweep_steps" GRID_ARGS="--amp bf16 --eval-batches 16" \
+      bash scripts/gpu_map.sh "$d" "$(left)" >> "$d/gpu_map-$stamp.log" 2>&1
+    lrs=$("$py" -c "from lioncub.apps.benchmarks.convergence_map import regimes
+from lioncub.apps.tuned_lr import DEFAULT_LR
+print(','.join(repr(r['lr']) for r in regimes(lr_factors=[$factors], lr=DEFAULT_LR['$m'])))")
+    "$py" -m lioncub.apps.benchmarks.lr_sweep "$d/$m-map.json" --seeds "$sweep_seeds" --lrs "$lrs" \
+      --output "$d/lr.json" > "$d/pick.txt" 2>&1 || return 0
+    top=$("$py" -c "import json; p = json.load(open('$d/lr.json')); print(int(p['at_edge'] and p['lr'] == max(r['lr'] for r in p['table'])))")
+    if [ "$top" = 1 ] && [ "$(wc -w < "$d/extend" 2>/dev/null || echo 0)" -lt "${SWEEP_EXTEND:-2}" ]; then
+      mv "$d/lr.json" "$d/lr-edge-$(wc -w < "$d/extend" 2>/dev/null || echo 0).json"
+      "$py" -c "print(max(float(x) for x in '$factors'.split(',')) * 2)" >> "$d/extend"
+    fi
+  done
 }
 
 map_set() {  # the pre-registered set at the sweep's pick of its model (or the model's default, if not swept)

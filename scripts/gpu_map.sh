@@ -58,6 +58,9 @@ for m in $models; do
 done
 wait "${pids[@]}"
 for m in $models; do
+  if ! compgen -G "$out/$m-N*-s*.json" > /dev/null; then
+    echo "$m: no run finished yet (each seed's log says why)" > "$out/$m-map.txt"; continue
+  fi
   "$py" -m lioncub.cli bench convergence --merge "$out/$m"-N*-s*.json --output "$out/$m-map.json" > "$out/$m-map.txt" 2>&1
   "$py" -m lioncub.cli risk check "$out/$m-map.json" --check-output "$out/$m-check.json" \
     ${TUNED_LR:+--tuned-lr "$TUNED_LR"} >> "$out/$m-map.txt" 2>&1

@@ -27,10 +27,16 @@ def test_lr_sweep_picks_the_lowest_mean_only_when_complete(tmp_path, capsys):
     runs.append(dict(config="allreduce", lr=5e-5, seed=1, final_loss=2.0))
     res = lr_sweep.select(dict(model="m", steps=3, runs=runs), [0, 1])
     assert res["lr"] == 5e-5 and res["at_edge"] is True
+    planned = lr_sweep.select(dict(model="m", steps=3, runs=runs), [0, 1], lrs=[5e-5, 1e-4, 2e-4, 4e-4, 8e-4])
+    assert not planned["complete"] and planned["lr"] is None  # 8e-4 never ran (a deadline): no pick
+    assert planned["table"][-1] == dict(lr=8e-4, seeds=[], losses=[], mean=None, worst=None)
     path = tmp_path / "map.json"
     path.write_text(json.dumps(dict(model="m", steps=3, runs=runs[:5])))
     assert lr_sweep.main([str(path), "--seeds", "0,1", "--output", str(tmp_path / "lr.json")]) == 3
     assert not (tmp_path / "lr.json").exists()
+    path.write_text(json.dumps(dict(model="m", steps=3, runs=runs)))
+    assert lr_sweep.main([str(path), "--seeds", "0,1", "--lrs", "5e-5,1e-4,2e-4,4e-4,8e-4"]) == 3
+    assert lr_sweep.main([str(path), "--seeds", "0,1", "--lrs", "5e-5,1e-4,2e-4,4.0000001e-4"]) == 0
 
 
 @pytest.mark.slow
@@ -44,14 +50,21 @@ def test_gpu_evidence_script_rehearses_sweep_map_and_report_on_cpu_and_resumes(t
     prereg = tmp_path / "prereg.json"
     preregister.write(preregister.register(plan), str(prereg))
     env = dict(os.environ, DEVICE="cpu", SWEEP_MODELS="char-tiny", SWEEP_STEPS="2", SWEEP_FACTORS="1,2",
-               SWEEP_SEEDS="0", PREREG=str(prereg), CORPUS_EXPECT="none", SKIP_INSTALL="1", PYTHON=sys.executable)
+               SWEEP_SEEDS="0", SWEEP_EXTEND="1", PREREG=str(prereg), CORPUS_EXPECT="none", SKIP_INSTALL="1", PYTHON=sys.executable)
     out = tmp_path / "ev"
     script = REPO / "scripts" / "gpu_evidence.sh"
     p = subprocess.run(["bash", str(script), str(out), "400"], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     pick = json.loads((out / "sweep" / "char-tiny" / "lr.json").read_text())
-    assert pick["complete"] and pick["lr"] in (5e-4, 1e-3) and pick["seeds"] == [0]
+    assert pick["complete"] and pick["seeds"] == [0]
+    extended = out / "sweep" / "char-tiny" / "extend"
+    if extended.exists():  # the pick at 2x was at the top edge: one doubling more, then the pick among three
+        assert extended.read_text().split() == ["4.0"]
+        assert json.loads((out / "sweep" / "char-tiny" / "lr-edge-0.json").read_text())["lr"] == 1e-3
+        assert [r["lr"] for r in pick["table"]] == [5e-4, 1e-3, 2e-3] and pick["lr"] in (5e-4, 1e-3, 2e-3)
+    else:
+        assert [r["lr"] for r in pick["table"]] == [5e-4, 1e-3] and pick["lr"] in (5e-4, 1e-3)
     merged = json.loads((out / "map" / "char-tiny-map.json").read_text())
     assert merged["data"] == "python-src" and merged["block_size"] == 16 and merged["steps"] == 2
     assert {r["lr"] for r in merged["runs"]} == {pick["lr"]}  # the map runs at x1 of the sweep's pick

@@ -163,8 +163,11 @@ def merge(paths: list[str]) -> dict:
     """Join part files: per (regime, configuration) the ratio to the baseline of the same regime and seed."""
     rows, meta = {}, None
     for p in paths:
-        with open(p) as f:
-            d = json.load(f)
+        try:
+            with open(p) as f:
+                d = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"cannot read map part {p}: {exc.strerror}") from None
         if meta is not None and _setting(d) != meta:
             raise ValueError(f"{p} holds runs of {_setting(d)}, the parts before it {meta}: merge each apart")
         meta = _setting(d)
