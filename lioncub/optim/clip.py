@@ -27,13 +27,14 @@ def clip_grad_norm_(engine, max_norm: float, eps: float = 1e-6) -> float:
             done = engine.pending_pass()
         else:
             buckets.collect()
-    if dense or engine.world_size == 1:
+    copies = engine.layout.norm_copies(dense)
+    if copies is None:
         norm = math.sqrt(float(total_sum_squares(buckets)))
     else:
-        total = None if done is None else done.sumsq_total
+        total = None if done is None or dense else done.sumsq_total  # (a dense pass's sums precede its mean)
         if total is None:
-            _, total, _ = agree_control(0, total_sum_squares(buckets), engine.group, buckets.device)
-        norm = math.sqrt(total / engine.world_size)
+            _, total, _ = agree_control(0, total_sum_squares(buckets), engine.layout.group, buckets.device)
+        norm = math.sqrt(total / copies)
     coef = max_norm / (norm + eps)
     if math.isfinite(norm) and coef < 1.0:
         buckets.scale_(coef)

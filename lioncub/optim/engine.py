@@ -108,7 +108,8 @@ class Engine:
         key = (b.g.dtype, b.g.device)
         buf = self._scratch.get(key)
         if buf is None or buf.numel() < b.n:
-            n = max(x.n for x in self.buckets if (x.g.dtype, x.g.device) == key)
+            # (a bucket over an FSDP unit has no gradient buffer until its reduce-scatter is collected)
+            n = max(x.n for x in self.buckets if x.g is None or (x.g.dtype, x.g.device) == key)
             buf = self._scratch[key] = torch.empty(n, dtype=b.g.dtype, device=b.g.device)
         return buf[: b.n]
 

@@ -40,6 +40,12 @@ class FlatLayout:
     def with_group(self, group) -> FlatLayout:
         return FlatLayout(group)
 
+    def norm_copies(self, dense: bool) -> int | None:
+        """For clipping: how many copies of the gradient the ranks' summed squares hold (the norm is the root
+        of sum / copies: the RMS of the ranks' norms), or None where each rank's own sum is the norm (a dense
+        step's mean gradient, held whole by every rank)."""
+        return None if dense or self.world_size == 1 else self.world_size
+
     def exchange(self, spec, b, levels: int, wire_dtype: str):
         return spec.exchange(b.n, b.g.device, self.group, levels=levels, grad_wire_dtype=wire_dtype, grads=b.g)
 

@@ -222,7 +222,9 @@ class LionCub(torch.optim.Optimizer):
         ||mean_i g_i||, as DDP + torch.nn.utils.clip_grad_norm_ give (without overlap the gradients are
         averaged here instead of in step()). With a compressed method each rank keeps its own gradient, and
         the norm is the root mean square of the ranks' norms, sqrt(mean_i ||g_i||^2) (>= ||mean_i g_i||; one
-        rank: torch's norm). Every rank's gradient is multiplied by min(1, max_norm / (norm + eps)); a
+        rank: torch's norm). Over an FSDP model (lioncub.attach_fsdp) each rank holds a shard of its node's
+        mean gradient, and the norm is the root mean square over nodes of the node means' norms (dense: the
+        norm of the mean). Every rank's gradient is multiplied by min(1, max_norm / (norm + eps)); a
         non-finite norm leaves them as they are (the step will be skipped).
 
         Cost: with overlap the sums of squares travel in the backward pass's control message (from the

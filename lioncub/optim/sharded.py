@@ -199,6 +199,11 @@ class ShardedLayout(ShardLayout):
     def with_group(self, group) -> ShardedLayout:
         return ShardedLayout(group, self.sharding)
 
+    def norm_copies(self, dense: bool) -> int:
+        """Each node's shards partition its mean gradient, so the world's sum counts every node's mean once:
+        the norm is the RMS over nodes of the node means' norms (dense: of the one mean every node holds)."""
+        return self.voters
+
     def exchange(self, spec, b, levels: int, wire_dtype: str):
         x = ReplicaMean(b, self.cross, self.voters, wire_dtype) if spec.dense else spec.exchange(
             b.n, b.m.device, self.cross, levels=levels, world_size=self.voters)

@@ -50,7 +50,8 @@ def test_gpu_evidence_script_rehearses_sweep_map_and_report_on_cpu_and_resumes(t
     prereg = tmp_path / "prereg.json"
     preregister.write(preregister.register(plan), str(prereg))
     env = dict(os.environ, DEVICE="cpu", SWEEP_MODELS="char-tiny", SWEEP_STEPS="2", SWEEP_FACTORS="1,2",
-               SWEEP_SEEDS="0", SWEEP_EXTEND="1", PREREG=str(prereg), CORPUS_EXPECT="none", SKIP_INSTALL="1", PYTHON=sys.executable)
+               SWEEP_SEEDS="0", SWEEP_EXTEND="1", PREREG=str(prereg), CORPUS_EXPECT="none", SKIP_INSTALL="1",
+               PYTHON=sys.executable)
     out = tmp_path / "ev"
     script = REPO / "scripts" / "gpu_evidence.sh"
     p = subprocess.run(["bash", str(script), str(out), "400"], env=env, cwd=REPO, capture_output=True, text=True,

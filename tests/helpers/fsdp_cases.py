@@ -143,6 +143,65 @@ def nonfinite_on_one_rank(rank, world_size, nodes, bad_rank):
     return dict(changed=changed, skipped=opt.stats.skipped_steps)
 
 
+def clipped(rank, world_size, nodes, method, overlap=True, max_norm=0.005, steps=3):
+    """HSDP with opt.clip_grad_norm_, and the norm an oracle computes from every rank's gradient on an unsharded
+    copy of the model (float64): the RMS over nodes of the node means' norms, or the mean's norm (dense)."""
+    G = world_size // nodes
+    mesh = init_device_mesh("cpu", (nodes, G), mesh_dim_names=("replicate", "shard"))
+    model = _sharded(mesh, mesh["shard"])
+    opt = lioncub.LionCub(model.parameters(), lr=LR, weight_decay=WD, method=method, overlap=overlap)
+    lioncub.attach_fsdp(model, opt, mesh)
+    ref, norms, oracle = make_model(), [], []
+    for step in range(1, steps + 1):
+        with torch.no_grad():
+            for q, p in zip(ref.parameters(), model.parameters()):
+                q.copy_(p.full_tensor())
+        ref.zero_grad()
+        ref(batch(rank, step)).square().mean().backward()
+        grads = [g.double() for g in gather(flat([p.grad for p in ref.parameters()]))]
+        means = [sum(grads[n * G:(n + 1) * G]) / G for n in range(nodes)]  # mesh rows: node n = ranks nG..nG+G-1
+        oracle.append(float((sum(means) / nodes).norm()) if method == "allreduce" else
+                      float(torch.stack([m.square().sum() for m in means]).mean().sqrt()))
+        opt.zero_grad()
+        model(batch(rank, step)).square().mean().backward()
+        norms.append(opt.clip_grad_norm_(max_norm))
+        opt.step()
+    full = flat([p.full_tensor() for p in model.parameters()])
+    return dict(norms=norms, oracle=oracle, replicas_equal=all(torch.equal(full, x) for x in gather(full)),
+                skipped=opt.stats.skipped_steps)
+
+
+def scaled(rank, world_size, nodes, method, steps=4, bad_rank=1):
+    """HSDP under lioncub.amp.GradScaler with fp16 autocast, an overflow on one rank at step 2, and clipping after
+    unscale_: that step is skipped on every rank and the scale halves; the others step."""
+    from lioncub.integrations.amp import GradScaler
+
+    G = world_size // nodes
+    mesh = init_device_mesh("cpu", (nodes, G), mesh_dim_names=("replicate", "shard"))
+    model = _sharded(mesh, mesh["shard"])
+    opt = lioncub.LionCub(model.parameters(), lr=LR, weight_decay=WD, method=method)
+    lioncub.attach_fsdp(model, opt, mesh)
+    scaler = GradScaler("cpu", init_scale=2.0**10)
+    changed, scales = [], []
+    for step in range(1, steps + 1):
+        before = flat([p.to_local() for p in model.parameters()])
+        opt.zero_grad()
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = model(batch(rank, step)).float().square().mean()
+            if step == 2 and rank == bad_rank:
+                loss = loss * 1e30
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        opt.clip_grad_norm_(1.0)
+        scaler.step(opt)
+        scaler.update()
+        changed.append(not torch.equal(before, flat([p.to_local() for p in model.parameters()])))
+        scales.append(scaler.get_scale())
+    full = flat([p.full_tensor() for p in model.parameters()])
+    return dict(changed=changed, scales=scales, replicas_equal=all(torch.equal(full, x) for x in gather(full)),
+                finite=bool(torch.isfinite(full).all()))
+
+
 def checkpoint_resume(rank, world_size, nodes, path, steps, total):
     """Train `steps` and save (lioncub.checkpoint, DCP), then a new model and optimizer load it and train on to
     `total`; and an uninterrupted run to `total`."""

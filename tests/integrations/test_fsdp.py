@@ -51,3 +51,21 @@ def test_parameters_gradients_and_momenta_take_one_gth_of_a_replica(world, nodes
         for part in ("params", "grads", "momenta"):
             ratio = r["hsdp"][part] / r["replica"][part]
             assert 1 / G <= ratio <= 1 / G * 1.02, (part, ratio)  # (FSDP pads each tensor to G equal parts)
+
+
+@pytest.mark.parametrize("method, overlap", [("vote-1bit", True), ("l1-pbit", False), ("allreduce", True)])
+def test_clip_grad_norm_is_the_rms_over_nodes_of_the_node_means_norm(method, overlap):
+    """Each rank holds a shard of its node's mean gradient: the norm is one number on every rank, the RMS over
+    nodes of the node means' norms (dense: the mean's), as an oracle computes it from every rank's gradient."""
+    results = spawn(fsdp_cases.clipped, 4, 2, method, overlap, timeout=180)
+    for r in results:
+        assert r["norms"] == results[0]["norms"] and r["replicas_equal"] and r["skipped"] == 0
+        assert r["norms"] == pytest.approx(r["oracle"], rel=1e-5)
+        assert all(n > 0.005 for n in r["norms"]), r["norms"]  # (so every step clipped)
+
+
+@pytest.mark.parametrize("method", ["vote-1bit", "allreduce"])
+def test_grad_scaler_skips_an_overflow_on_one_rank_everywhere(method):
+    for r in spawn(fsdp_cases.scaled, 4, 2, method, timeout=180):
+        assert r["changed"] == [True, False, True, True] and r["replicas_equal"] and r["finite"]
+        assert r["scales"][1] == r["scales"][0] / 2
