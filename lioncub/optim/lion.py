@@ -32,6 +32,12 @@ class Lion(torch.optim.Optimizer):
                 state = self.state[p]
                 if "exp_avg" not in state:
                     state["exp_avg"] = torch.zeros_like(p)
-                kernels.lion_step(p.view(-1), p.grad.reshape(-1), state["exp_avg"].view(-1), lr=group["lr"],
+                w, g, m = (_local(t) for t in (p, p.grad, state["exp_avg"]))
+                kernels.lion_step(w.view(-1), g.reshape(-1), m.view(-1), lr=group["lr"],
                                   wd=group["weight_decay"], beta1=beta1, beta2=beta2)
         return loss
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """This rank's part of a DTensor (an FSDP2 shard; Lion is elementwise), or the tensor itself."""
+    return t.to_local() if hasattr(t, "to_local") else t

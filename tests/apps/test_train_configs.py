@@ -12,7 +12,8 @@ from lioncub.apps.train import configs
 
 
 def test_every_method_and_ddp_lion_parse_and_spell_back():
-    assert configs.NAMES == methods.NAMES + ("ddp+lion",)  # --method's choices, in today's order
+    hsdp = tuple(f"hsdp+{n}" for n in methods.NAMES)
+    assert configs.NAMES == methods.NAMES + ("ddp+lion", "hsdp+lion") + hsdp  # --method's choices, in order
     for name in configs.NAMES:
         assert configs.parse(name).name == name
     for name in methods.NAMES:
@@ -20,6 +21,11 @@ def test_every_method_and_ddp_lion_parse_and_spell_back():
         assert run.wrapper is configs.LIONCUB and run.method is methods.get(name)
     ddp = configs.parse("ddp+lion")
     assert ddp is configs.DDP_LION and ddp.wrapper is configs.DDP and ddp.method is None
+    for name in methods.NAMES:
+        run = configs.parse(f"hsdp+{name}")
+        assert run.wrapper is configs.HSDP and run.wrapper.fsdp and run.method is methods.get(name)
+    sharded = configs.parse("hsdp+lion")
+    assert sharded.plain_lion and sharded.wrapper.fsdp and not sharded.wrapper.torch_ddp
 
 
 @pytest.mark.parametrize("text", ["nope", "", "ddp", "ddp+", "ddp+nope", "ddp+vote-1bit", "lion", "lioncub+lion",
@@ -29,7 +35,9 @@ def test_a_bad_configuration_is_a_one_line_error_listing_the_choices(text):
         configs.parse(text)
     msg = str(err.value)
     assert "\n" not in msg and msg == (f"unknown method {text!r}; choose one of allreduce, vote-allgather, vote-1bit, "
-                                       "vote-pbit, avg-pbit, l1-pbit, ddp+lion")
+                                       "vote-pbit, avg-pbit, l1-pbit, ddp+lion, hsdp+lion, hsdp+allreduce, "
+                                       "hsdp+vote-allgather, hsdp+vote-1bit, hsdp+vote-pbit, hsdp+avg-pbit, "
+                                       "hsdp+l1-pbit")
 
 
 def test_capabilities():
@@ -41,8 +49,8 @@ def test_capabilities():
         run = configs.parse(name)
         assert run.compressed and not (run.plain_lion or run.dense or run.wrapper.torch_ddp)
         assert run.uses_levels == methods.get(name).uses_levels
-    assert [n for n in configs.NAMES if configs.parse(n).uses_levels] == ["l1-pbit"]
-    assert [c.name for c in configs.CONFIGURATIONS if c.plain_lion] == ["ddp+lion"]
+    assert [n for n in configs.NAMES if configs.parse(n).uses_levels] == ["l1-pbit", "hsdp+l1-pbit"]
+    assert [c.name for c in configs.CONFIGURATIONS if c.plain_lion] == ["ddp+lion", "hsdp+lion"]
 
 
 def test_train_config_asks_the_record():
@@ -52,12 +60,17 @@ def test_train_config_asks_the_record():
 
     assert TrainConfig(method="ddp+lion").configuration is configs.DDP_LION
     assert TrainConfig(method="vote-1bit", dense_warmup=3).configuration.compressed
-    with pytest.raises(ValueError, match=r"^unknown method 'ddp\+vote-1bit'; choose one of .*, ddp\+lion$"):
+    with pytest.raises(ValueError,
+                       match=r"^unknown method 'ddp\+vote-1bit'; choose one of .*, ddp\+lion, hsdp\+lion, .*l1-pbit$"):
         TrainConfig(method="ddp+vote-1bit")
     with pytest.raises(ValueError, match="applies to LionCub's methods, not ddp\\+lion"):
         TrainConfig(method="ddp+lion", dense_warmup=1)
+    with pytest.raises(ValueError, match="hierarchical by construction"):
+        TrainConfig(method="hsdp+vote-1bit", hierarchical=True)
+    with pytest.raises(ValueError, match="not available with hsdp yet"):
+        TrainConfig(method="hsdp+vote-1bit", checkpoint_dir="x")
     for name in ("ddp+lion", methods.BASELINE):
-        with pytest.raises(ValueError, match="hierarchical applies to the compressed methods"):
+        with pytest.raises(ValueError, match="hierarchical applies to the compressed methods without hsdp"):
             TrainConfig(method=name, hierarchical=True)
     net = build(TrainConfig(model="mlp"))[0]
     assert type(make_optimizer(TrainConfig(model="mlp", method="ddp+lion"), net)) is Lion

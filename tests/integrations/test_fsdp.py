@@ -69,3 +69,23 @@ def test_grad_scaler_skips_an_overflow_on_one_rank_everywhere(method):
     for r in spawn(fsdp_cases.scaled, 4, 2, method, timeout=180):
         assert r["changed"] == [True, False, True, True] and r["replicas_equal"] and r["finite"]
         assert r["scales"][1] == r["scales"][0] / 2
+
+
+def test_lioncub_train_hsdp_configurations():
+    """`lioncub train --method hsdp+lion` (FSDP2's own HSDP, plain Lion) trains as ddp+lion does (the same mean
+    gradient: equal losses); hsdp+vote-1bit votes across the two nodes and sends a fraction of hsdp+lion's
+    cross-node bytes; FSDP's bytes inside the node are the ring formulas'."""
+    from lioncub.apps.train.loop import TrainConfig, train_local
+
+    def run(method):
+        return train_local(TrainConfig(model="char-tiny", method=method, steps=6, node_size=2, eval_batches=2), 4,
+                           progress=False)
+
+    ddp, hsdp, vote = run("ddp+lion"), run("hsdp+lion"), run("hsdp+vote-1bit")
+    assert hsdp["final_loss"] == pytest.approx(ddp["final_loss"], rel=1e-6)
+    full = 4 * hsdp["params"]
+    node = (1 / 2 + 2 * 1 / 2) * full  # reduce-scatter and two all-gathers among 2
+    assert hsdp["node_bytes_per_step"] == vote["node_bytes_per_step"] == pytest.approx(node, abs=1)
+    assert hsdp["bytes_per_step"] - node == pytest.approx(full / 2, abs=1)  # all-reduce of a half among 2 nodes
+    assert 0 < vote["bytes_per_step"] - node < (hsdp["bytes_per_step"] - node) / 10
+    assert vote["final_loss"] < 4.0 and vote["skipped_steps"] == 0

@@ -45,8 +45,8 @@ def register(sub) -> None:
                    help="LionCub's hierarchical layout: inside each node a reduce-scatter of the gradients and an "
                         "all-gather of the codes, across nodes the vote on shards (compressed methods only)")
     p.add_argument("--node-size", dest="node_size", type=int,
-                   help="ranks per node for --hierarchical (default: torchrun's LOCAL_WORLD_SIZE; on the lab, "
-                        "--ranks-per-host)")
+                   help="ranks per node for --hierarchical and hsdp+... (default: torchrun's LOCAL_WORLD_SIZE; on "
+                        "the lab, --ranks-per-host)")
     p.add_argument("--seed", type=int)
     p.add_argument("--timing", action="store_true", default=None,
                    help="time every collective by name (rank 0's ms per step in the summary; exact phase times "
@@ -98,9 +98,14 @@ def run(args) -> int:
         check_writable(args.log, "--log")
     progress = sys.stderr.isatty() or not args.json
     launched = _launched()
-    if cfg.hierarchical and cfg.node_size is None and not (launched or args.lab):
-        raise ValueError("--hierarchical on local ranks needs --node-size (under torchrun it is LOCAL_WORLD_SIZE, "
-                         "on the lab --ranks-per-host)")
+    sharded = cfg.configuration.wrapper.fsdp
+    if (cfg.hierarchical or sharded) and cfg.node_size is None and not (launched or args.lab):
+        raise ValueError(f"{'--hierarchical' if cfg.hierarchical else cfg.method} on local ranks needs --node-size "
+                         "(under torchrun it is LOCAL_WORLD_SIZE, on the lab --ranks-per-host)")
+    if sharded and not launched:
+        from lioncub.apps.train.sharding import check
+
+        check(cfg, args.ranks, cfg.node_size or args.ranks_per_host)
     if launched:  # under torchrun, srun or mpirun: this process is one rank
         from lioncub.comm.distributed import finish, init_distributed
 

@@ -5,11 +5,13 @@ A configuration is what `lioncub train --method` takes and what the benches and 
 * `<method>`, a LionCub method ("vote-1bit", "allreduce", ...): the model as it is, LionCub does all the
   communication;
 * `<wrapper>+lion` ("ddp+lion"): the model in a torch wrapper that communicates the gradients itself, plain
-  Lion on every rank: what users run today, the baseline of the benches.
+  Lion on every rank: what users run today, the baseline of the benches;
+* `hsdp+<method>` ("hsdp+vote-1bit"): the model sharded by FSDP2 inside each node, LionCub's method across
+  the nodes (lioncub.attach_fsdp); "hsdp+lion" is FSDP2's own HSDP (its all-reduce across nodes) with plain
+  Lion, the sharded baseline.
 
 `parse` turns the string into a `Configuration`; code asks its capabilities, never the string. A new wrapper
-(e.g. FSDP2's HSDP, for "hsdp+lion" and "hsdp+<method>") is one more `Wrapper` and its spellings in
-`CONFIGURATIONS`.
+is one more `Wrapper` and its spellings in `CONFIGURATIONS`.
 """
 
 from __future__ import annotations
@@ -29,10 +31,13 @@ class Wrapper:
     name: str
     summary: str
     torch_ddp: bool = False
+    fsdp: bool = False  # FSDP2 shards the model inside each node (HSDP); lioncub.apps.train.sharding
 
 
 LIONCUB = Wrapper("lioncub", "the model as it is; LionCub does all the communication")
 DDP = Wrapper("ddp", "the model in torch DDP (fp32 gradients all-reduced in backward)", torch_ddp=True)
+HSDP = Wrapper("hsdp", "the model sharded by FSDP2 inside each node; across nodes FSDP's all-reduce (+lion) or "
+                       "LionCub's method", fsdp=True)
 
 
 @dataclass(frozen=True)
@@ -72,9 +77,11 @@ class Configuration:
 CONFIGURATIONS: tuple[Configuration, ...] = (
     *(Configuration(LIONCUB, m) for m in methods.REGISTRY.values()),
     Configuration(DDP, None),
+    Configuration(HSDP, None),
+    *(Configuration(HSDP, m) for m in methods.REGISTRY.values()),
 )
 BY_NAME: dict[str, Configuration] = {c.name: c for c in CONFIGURATIONS}
-NAMES: tuple[str, ...] = tuple(BY_NAME)  # the methods, then ddp+lion (--method's choices, in this order)
+NAMES: tuple[str, ...] = tuple(BY_NAME)  # the methods, ddp+lion, hsdp+lion, hsdp+<method> (--method's choices)
 DDP_LION = BY_NAME[f"{DDP.name}+{LION}"]  # the baseline users run today
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from lioncub.apps.train import configs
+from lioncub.apps.train import configs, sharding
 from lioncub.apps.train.data import TEXT_DATASETS, Blobs, text_dataset
 from lioncub.apps.train.models import DEFAULTS, MLP, PRESETS, CharTransformer, GPTConfig, count_params
 from lioncub.apps.tuned_lr import DEFAULT_LR
@@ -87,8 +87,12 @@ class TrainConfig:
         if self.dense_warmup < 0 or (self.dense_warmup and run.plain_lion):
             raise ValueError("dense_warmup must be >= 0 and applies to LionCub's methods, not "
                              + ", ".join(c.name for c in configs.CONFIGURATIONS if c.plain_lion))
-        if self.hierarchical and not run.compressed:
-            raise ValueError("hierarchical applies to the compressed methods")
+        if self.hierarchical and (not run.compressed or run.wrapper.fsdp):
+            raise ValueError("hierarchical applies to the compressed methods without hsdp (which is hierarchical "
+                             "by construction)")
+        if run.wrapper.fsdp and (self.checkpoint_dir or self.ddp_hook):
+            raise ValueError(f"{self.method}: checkpoints and ddp_hook are not available with hsdp yet (use "
+                             "lioncub.checkpoint in your own script)")
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 
@@ -183,16 +187,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     rank, world = group_rank_size()
-    model, data = build(cfg)
-    model.to(cfg.device)
-    broadcast_parameters(model)
-    opt, net = make_optimizer(cfg, model), model
-    if (cfg.configuration.wrapper.torch_ddp or cfg.ddp_hook) and dist.is_initialized():
-        net = torch.nn.parallel.DistributedDataParallel(model)
-        if cfg.ddp_hook:
-            from lioncub.integrations.ddp import attach_ddp
-
-            attach_ddp(net, opt)
+    model, data, opt, net, fsdp = _setup(cfg, world)
     start, records = 0, []
     if cfg.resume and cfg.checkpoint_dir:
         found = _latest_checkpoint(cfg.checkpoint_dir)
@@ -222,7 +217,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         opt.step()
         t2 = time.perf_counter()
         records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, lr=opt.param_groups[0]["lr"],
-                            **_step_figures(opt, t1 - t0, world)))
+                            **_step_figures(opt, t1 - t0, world, fsdp)))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
@@ -237,27 +232,55 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
 
 
+def _setup(cfg: TrainConfig, world: int):
+    """(model, data, optimizer, the module to call, FSDP's bytes per step or None) as the configuration wants
+    them: the model as it is, in torch DDP, or sharded by FSDP2 (HSDP)."""
+    model, data = build(cfg)
+    model.to(cfg.device)
+    broadcast_parameters(model)
+    mesh = sharding.mesh_for(cfg, world) if cfg.configuration.wrapper.fsdp else None
+    if mesh is not None:
+        sharding.shard(model, cfg, mesh)
+    opt, net = make_optimizer(cfg, model), model
+    fsdp = None
+    if mesh is not None:
+        sharding.attach(model, opt, cfg, mesh)
+        fsdp = sharding.fsdp_bytes(cfg, model, world)
+    if (cfg.configuration.wrapper.torch_ddp or cfg.ddp_hook) and dist.is_initialized():
+        net = torch.nn.parallel.DistributedDataParallel(model)
+        if cfg.ddp_hook:
+            from lioncub.integrations.ddp import attach_ddp
+
+            attach_ddp(net, opt)
+    return model, data, opt, net, fsdp
+
+
 def make_optimizer(cfg: TrainConfig, model):
     if cfg.configuration.plain_lion:
         return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
     return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                   method=cfg.method, levels=cfg.levels, momentum_sync=schedules.parse(cfg.momentum_sync),
+                   method=cfg.configuration.method.name, levels=cfg.levels,
+                   momentum_sync=schedules.parse(cfg.momentum_sync),
                    bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
                    dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
                    timing=cfg.timing)
 
 
-def _step_figures(opt, backward_s: float, world: int) -> dict:
-    """Per-step compute, codec, communication and bytes. DDP's own communication is not instrumented: its
-    backward time includes the exposed all-reduce tail, and its bytes are the fp32 ring's."""
+def _step_figures(opt, backward_s: float, world: int, fsdp: tuple[int, int] | None = None) -> dict:
+    """Per-step compute, codec, communication and bytes. DDP's and FSDP's own communication is not instrumented:
+    the backward time includes their exposed tail, and their bytes are the ring formulas' (`fsdp`: FSDP's
+    bytes across and inside the node, sharding.fsdp_bytes)."""
     s = getattr(opt, "stats", None)
+    cross, node = fsdp or (0, 0)
     if s is None:
         nbytes = sum(p.numel() * 4 for g in opt.param_groups for p in g["params"])
-        return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0,
-                    bytes_sent=int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0)
+        ring = int(wire.bus_factor("allreduce", world) * nbytes) if world > 1 else 0
+        return dict(compute_s=backward_s, codec_s=0.0, comm_s=0.0, bytes_sent=cross + node if fsdp else ring,
+                    node_bytes_sent=node)
     return dict(compute_s=backward_s - s.last_backward_wait_s, codec_s=s.last_quantize_s + s.last_apply_s,
-                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s, bytes_sent=s.last_bytes_sent,
-                node_bytes_sent=s.last_node_bytes_sent, agreement=s.last_agreement)
+                comm_s=s.last_comm_s + s.last_sync_s, exposed_s=s.last_exposed_comm_s,
+                bytes_sent=s.last_bytes_sent + node, node_bytes_sent=s.last_node_bytes_sent + node,
+                agreement=s.last_agreement)
 
 
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:

@@ -38,13 +38,16 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     from lioncub.comm.wire import auto_bucket_mb
 
     run = cfg.configuration
+    if run.wrapper.fsdp:
+        raise NotImplementedError("the simulator does not model FSDP2's sharded layout (its all-gathers and "
+                                  "reduce-scatter inside the node) yet")
     if run.plain_lion:  # the wrapper communicates
         if not run.wrapper.torch_ddp:
             raise NotImplementedError(f"the simulator does not model {run.wrapper.name}'s communication")
         # torch DDP all-reduces the fp32 gradients in its buckets during backward
         method, bucket_mb, interval, overlap = methods.BASELINE, DDP_BUCKET_MB, None, True
     else:
-        method, bucket_mb = cfg.method, cfg.bucket_mb or auto_bucket_mb(4 * params)
+        method, bucket_mb = run.method.name, cfg.bucket_mb or auto_bucket_mb(4 * params)
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
                          levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype, overlap=overlap, **layout)

@@ -1,0 +1,74 @@
+"""The "hsdp+..." configurations of `lioncub train`: the model sharded by FSDP2 inside each node.
+
+Each transformer block and the model's root are FSDP2 units. "hsdp+lion" is FSDP2's own HSDP (the units on the
+2-D mesh: a reduce-scatter inside the node, an all-reduce of the shards across nodes) with plain Lion on the
+shards; "hsdp+<method>" shards on the node only and LionCub's method runs across the nodes
+(lioncub.attach_fsdp)."""
+
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from lioncub.comm import wire
+
+
+def node_size(cfg, world: int) -> int:
+    """The ranks that shard the model: cfg.node_size, else torchrun's (or the lab's) LOCAL_WORLD_SIZE."""
+    size = cfg.node_size or int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if size < 1:
+        raise ValueError(f"{cfg.method}: the node size is unknown: give --node-size (under torchrun it is "
+                         "LOCAL_WORLD_SIZE)")
+    check(cfg, world, size)
+    return size
+
+
+def check(cfg, world: int, size: int) -> None:
+    """One-line errors, before any rank starts, for a layout FSDP or the method cannot run."""
+    if world % size:
+        raise ValueError(f"{cfg.method}: the node size {size} does not divide the world size {world}")
+    if world // size < 2 and cfg.configuration.compressed:
+        raise ValueError(f"{cfg.method} votes across nodes and {world} rank(s) in nodes of {size} make one: give "
+                         f"several nodes (--node-size < --ranks), or use hsdp+allreduce")
+
+
+def mesh_for(cfg, world: int):
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        raise ValueError(f"{cfg.method} shards the model over ranks: run it on several ranks (--ranks, torchrun)")
+    G = node_size(cfg, world)
+    device = "cuda" if cfg.device.startswith("cuda") else "cpu"
+    return init_device_mesh(device, (world // G, G), mesh_dim_names=("replicate", "shard"))
+
+
+def shard(model, cfg, mesh):
+    """fully_shard every block, then the root (embeddings, final norm and head)."""
+    from torch.distributed.fsdp import fully_shard
+
+    on = mesh if cfg.configuration.plain_lion else mesh["shard"]
+    for block in getattr(model, "blocks", ()):
+        fully_shard(block, mesh=on)
+    fully_shard(model, mesh=on)  # (parameters stay fp32; amp="bf16" autocasts the forward as for DDP)
+    return model
+
+
+def attach(model, opt, cfg, mesh) -> None:
+    if not cfg.configuration.plain_lion:
+        from lioncub.integrations.fsdp import attach_fsdp
+
+        attach_fsdp(model, opt, mesh)
+
+
+def fsdp_bytes(cfg, model, world: int) -> tuple[int, int]:
+    """(across nodes, inside the node) bytes each rank sends per step for FSDP2's own collectives, by the ring
+    formulas (wire.bus_factor; FSDP's collectives are not instrumented): inside the node, the gradients'
+    reduce-scatter and two parameter all-gathers (forward, and backward: FSDP2 reshards after forward), fp32;
+    across nodes, for hsdp+lion, FSDP's all-reduce of each shard (LionCub counts its own exchange)."""
+    G = node_size(cfg, world)
+    full = 4 * sum(p.numel() for p in model.parameters())
+    node = int((wire.bus_factor("reducescatter", G) + 2 * wire.bus_factor("allgather", G)) * full)
+    nodes = world // G
+    cross = int(wire.bus_factor("allreduce", nodes) * full / G) if cfg.configuration.plain_lion and nodes > 1 else 0
+    return cross, node
