@@ -89,3 +89,18 @@ def test_lioncub_train_hsdp_configurations():
     assert hsdp["bytes_per_step"] - node == pytest.approx(full / 2, abs=1)  # all-reduce of a half among 2 nodes
     assert 0 < vote["bytes_per_step"] - node < (hsdp["bytes_per_step"] - node) / 10
     assert vote["final_loss"] < 4.0 and vote["skipped_steps"] == 0
+
+
+def test_lioncub_train_hsdp_resumes_from_its_dcp_checkpoint_exactly(tmp_path):
+    """hsdp+l1-pbit with momentum sync, 6 steps straight against 3 steps, a checkpoint (lioncub.checkpoint: DCP,
+    sharded), and a second run that resumes to 6: the same losses, step by step."""
+    from lioncub.apps.train.loop import TrainConfig, train_local
+
+    common = dict(model="char-tiny", method="hsdp+l1-pbit", momentum_sync="every:2", node_size=2, eval_batches=2)
+    full = train_local(TrainConfig(**common, steps=6), 4, progress=False)
+    part = dict(common, checkpoint_dir=str(tmp_path / "ckpt"))
+    train_local(TrainConfig(**part, steps=3), 4, progress=False)
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step0000003"]
+    resumed = train_local(TrainConfig(**part, steps=6, resume=True), 4, progress=False)
+    assert [r["loss"] for r in resumed["records"]] == [r["loss"] for r in full["records"]]
+    assert resumed["final_loss"] == full["final_loss"]

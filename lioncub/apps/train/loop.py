@@ -90,9 +90,9 @@ class TrainConfig:
         if self.hierarchical and (not run.compressed or run.wrapper.fsdp):
             raise ValueError("hierarchical applies to the compressed methods without hsdp (which is hierarchical "
                              "by construction)")
-        if run.wrapper.fsdp and (self.checkpoint_dir or self.ddp_hook):
-            raise ValueError(f"{self.method}: checkpoints and ddp_hook are not available with hsdp yet (use "
-                             "lioncub.checkpoint in your own script)")
+        if run.wrapper.fsdp and (self.ddp_hook or (self.checkpoint_dir and run.plain_lion)):
+            raise ValueError(f"{self.method}: " + ("ddp_hook does not apply to hsdp" if self.ddp_hook else
+                             "checkpoints of plain Lion on a sharded model are not available yet"))
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 
@@ -149,7 +149,24 @@ def _latest_checkpoint(directory: str) -> tuple[int, list[str]] | None:
     return None
 
 
+def resume(cfg, model, opt, rank: int, world: int) -> tuple[int, list]:
+    """(the step to go on from, the records so far) from cfg.checkpoint_dir's newest complete checkpoint, loaded
+    into model and opt; (0, []) if there is none."""
+    if cfg.configuration.wrapper.fsdp:
+        return sharding.resume(cfg.checkpoint_dir, model, opt)
+    found = _latest_checkpoint(cfg.checkpoint_dir)
+    if not found:
+        return 0, []
+    step, paths = found
+    state = torch.load(paths[rank] if len(paths) == world else paths[0], weights_only=False)
+    model.load_state_dict(state["model"])
+    opt.load_state_dict(state["opt"])
+    return state["step"], state["records"]
+
+
 def save_checkpoint(cfg, model, opt, step, rank, records) -> str:
+    if cfg.configuration.wrapper.fsdp:
+        return sharding.save(cfg.checkpoint_dir, model, opt, step, rank, records)
     os.makedirs(cfg.checkpoint_dir, exist_ok=True)
     path = _ckpt_path(cfg.checkpoint_dir, step, rank)
     tmp = path + ".tmp"
@@ -188,16 +205,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         torch.set_num_threads(cfg.threads)
     rank, world = group_rank_size()
     model, data, opt, net, fsdp = _setup(cfg, world)
-    start, records = 0, []
-    if cfg.resume and cfg.checkpoint_dir:
-        found = _latest_checkpoint(cfg.checkpoint_dir)
-        if found:
-            step, paths = found
-            path = paths[rank] if len(paths) == world else paths[0]
-            state = torch.load(path, weights_only=False)
-            model.load_state_dict(state["model"])
-            opt.load_state_dict(state["opt"])
-            start, records = state["step"], state["records"]
+    start, records = resume(cfg, model, opt, rank, world) if cfg.resume and cfg.checkpoint_dir else (0, [])
     bar = None
     if progress and rank == 0:
         from tqdm import tqdm

@@ -7,6 +7,8 @@ shards; "hsdp+<method>" shards on the node only and LionCub's method runs across
 
 from __future__ import annotations
 
+import glob
+import json
 import os
 
 import torch.distributed as dist
@@ -72,3 +74,32 @@ def fsdp_bytes(cfg, model, world: int) -> tuple[int, int]:
     nodes = world // G
     cross = int(wire.bus_factor("allreduce", nodes) * full / G) if cfg.configuration.plain_lion and nodes > 1 else 0
     return cross, node
+
+
+def save(directory: str, model, opt, step: int, rank: int, records: list) -> str:
+    """A DCP checkpoint of the sharded model and LionCub (lioncub.checkpoint) in directory/stepNNNNNNN, and rank 0's
+    records beside it, written last: a checkpoint without them is incomplete and never resumed from."""
+    from lioncub.integrations import checkpoint
+
+    path = os.path.join(directory, f"step{step:07d}")
+    checkpoint.save(path, model, opt)
+    dist.barrier()
+    if rank == 0:
+        with open(os.path.join(path, "records.json.tmp"), "w") as f:
+            json.dump(dict(step=step, records=records), f)
+        os.replace(os.path.join(path, "records.json.tmp"), os.path.join(path, "records.json"))
+    return path
+
+
+def resume(directory: str, model, opt) -> tuple[int, list]:
+    """(step, records) of the newest complete checkpoint that `save` wrote, loaded into model and opt."""
+    from lioncub.integrations import checkpoint
+
+    done = sorted(p for p in glob.glob(os.path.join(directory, "step*"))
+                  if os.path.isfile(os.path.join(p, "records.json")))
+    if not done:
+        return 0, []
+    checkpoint.load(done[-1], model, opt)
+    with open(os.path.join(done[-1], "records.json")) as f:
+        saved = json.load(f)
+    return saved["step"], saved["records"]
