@@ -18,6 +18,7 @@ _LAZY = {
     "Lion": "lioncub.optim.lion",
     "lion_step": "lioncub.optim.optimizer",
     "attach_ddp": "lioncub.integrations.ddp",
+    "attach_fsdp": "lioncub.integrations.fsdp",
     "GradScaler": "lioncub.integrations.amp",
     "broadcast_parameters": "lioncub.comm.distributed",
     "init_distributed": "lioncub.comm.distributed",

@@ -20,10 +20,12 @@ MAX_NAME_BRANCHES = 5
 
 # other libraries' private members that have no public equivalent, each at the one place that needs it
 FOREIGN_PRIVATE = {
-    ("lioncub.optim.buckets", "b.g._version"): "torch's version counter of a tensor (autograd's own check)",
+    ("lioncub.optim.buckets", "t._version"): "torch's version counter of a tensor (autograd's own check)",
     ("lioncub.optim.overlap", "torch.autograd.Variable._execution_engine"):
         "queue a callback at the end of backward, as torch DDP does",
     ("lioncub.apps.train.lab", "os._exit"): "leave a forked child without running the parent's atexit",
+    ("lioncub.comm.settle", "t._use_count"): "whether Gloo's worker still holds a collective's tensor (no public "
+                                             "way; the exit waits until it does not)",
     ("lioncub.kernels.triton_interpreter", "interp._patch_lang_tensor"):
         "teach the Triton interpreter (tests on CPU) what the compiler does; docs/KERNELS.md",
 }

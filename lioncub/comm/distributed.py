@@ -8,12 +8,12 @@ import datetime
 import logging
 import os
 import socket
-import time
 from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
 
+from lioncub.comm import settle
 from lioncub.comm.launch import launch_env
 
 log = logging.getLogger("lioncub")
@@ -73,35 +73,18 @@ def broadcast_parameters(module_or_tensors, src: int = 0, group=None) -> None:
             offset += t.numel()
 
 
-_AT_FINISH: list = []  # what finish() runs first (the optimizer's communication threads end there)
+def finish() -> None:
+    """End a distributed run: wait for every rank, destroy all process groups, settle.
 
-
-def at_finish(fn) -> None:
-    """Run fn() at the start of finish() (once registered, every time)."""
-    if fn not in _AT_FINISH:
-        _AT_FINISH.append(fn)
-
-
-def finish(grace_s: float = 0.3) -> None:
-    """End a distributed run: wait for every rank, destroy all process groups, let Gloo settle.
-
-    Call it last in a torchrun script instead of a bare destroy_process_group(). Gloo's worker threads
-    free each collective's Work (and the tensor references it holds) shortly *after* the collective
-    completes. If that happens while the interpreter is already shutting down, the thread cannot take
-    the GIL and torch aborts the process ("terminate called without an active exception", exit -6)
-    although all work finished. The barrier makes every rank finish every collective; the grace
-    period lets the workers drop them before Python starts finalising. LionCub's communication threads
-    are ended first, for the same reason.
-    """
-    for fn in _AT_FINISH:
-        fn()
+    Call it last in a torchrun script; a bare destroy_process_group(), or no teardown at all, also ends
+    cleanly (lioncub.comm.settle runs at exit). finish() adds the barrier, so that no rank tears its groups
+    down while another still talks to it, and stops LionCub's communication threads first."""
+    settle.settle()  # (the communication threads end before the last collectives)
     if not (dist.is_available() and dist.is_initialized()):
         return
-    slow = dist.get_backend() == "gloo"
     dist.barrier()
     dist.destroy_process_group()
-    if slow:
-        time.sleep(grace_s)
+    settle.settle()
 
 
 @contextlib.contextmanager

@@ -1,10 +1,11 @@
-"""LionCub where other code drives training: torch DDP (`ddp`), fp16 loss scaling (`amp`), sharded checkpoints
-(`checkpoint`, on torch.distributed.checkpoint) and the frameworks that wrap the model themselves (`frameworks`:
-Hugging Face Trainer, accelerate, Lightning)."""
+"""LionCub where other code drives training: torch DDP (`ddp`), FSDP2 / HSDP (`fsdp`), fp16 loss scaling (`amp`),
+sharded checkpoints (`checkpoint`, on torch.distributed.checkpoint) and the frameworks that wrap the model
+themselves (`frameworks`: Hugging Face Trainer, accelerate, Lightning)."""
 
 _LAZY = {"attach_to_trainer": "lioncub.integrations.frameworks",
          "lightning_callback": "lioncub.integrations.frameworks",
-         "attach_ddp": "lioncub.integrations.ddp"}
+         "attach_ddp": "lioncub.integrations.ddp",
+         "attach_fsdp": "lioncub.integrations.fsdp"}
 
 __all__ = sorted(_LAZY)
 

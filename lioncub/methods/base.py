@@ -64,15 +64,16 @@ class Method:
         raise NotImplementedError
 
     def hierarchical_collectives(self, n: int, world_size: int, node_size: int, levels: int = 0,
-                                 grad_dtype: str = "float32") -> list[wire.Collective]:
+                                 grad_dtype: str = "float32", shard: int | None = None) -> list[wire.Collective]:
         """The collectives of one n-element bucket in the hierarchical layout (G = node_size ranks per
         node, N / G nodes; `levels` as resolved for N / G voters): reduce-scatter the gradients inside
-        the node (each local rank gets the node's mean of its shard of wire.shard_elements(n, G)), the
-        method's own collectives on the shard across nodes, all-gather the agreed codes inside the node."""
+        the node (each local rank gets the node's mean of its shard: `shard` elements, by default about
+        n / G, wire.shard_elements(n, G)), the method's own collectives on the shard across nodes, all-gather
+        the agreed codes inside the node."""
         G = node_size
         if G < 1 or world_size % G:
             raise ValueError(f"{world_size} ranks cannot form nodes of {G}")
-        S = wire.shard_elements(n, G)
+        S = wire.shard_elements(n, G) if shard is None else shard
         out = []
         if G > 1:
             out.append(wire.Collective("reducescatter", G * S * wire.DTYPE_BYTES[grad_dtype], grad_dtype, "node"))

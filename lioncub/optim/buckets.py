@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from lioncub import kernels
-from lioncub.comm import wire
+from lioncub.optim.nodes import RowShards
 
 BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -38,17 +38,20 @@ class Bucket:
     """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
     gradients come in backward (0: first), relative to its group."""
 
-    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, padded=None):
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, shards=None):
         self.group_index, self.params, self.order = group_index, params, order
         self.p, self.g, self.m = p, g, m  # flat views (m: this rank's shard in the node layout)
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
-        # node layout: p and g padded with zeros to G shards of `shard` elements
-        self.p_full, self.g_full = padded or (p, g)
+        self.shards = shards  # node layout: how the node shards the bucket (lioncub.optim.nodes.RowShards)
         self.shard = m.numel()
         size = p.element_size()  # where each parameter's .data and .grad views start (checked every step)
         self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
         self.grad_ptrs = [g.data_ptr() + size * s for s in offsets[:-1]]
+
+    def param_view(self, i: int) -> torch.Tensor:
+        """Parameter i's elements, flat (a view of the bucket)."""
+        return self.p[self.offsets[i] : self.offsets[i + 1]]
 
     def grad_in_place(self, i: int, param) -> bool:
         """Whether parameter i's .grad is still its view of the bucket."""
@@ -68,7 +71,8 @@ class BucketSet:
 
     def __init__(self, param_groups: list, state, bucket_bytes: int, node_size: int = 1):
         self.param_groups, self.bucket_bytes, self.node_size = param_groups, bucket_bytes, node_size
-        self.private = False
+        self.private = False  # .grad belongs to another owner (torch DDP, FSDP2)
+        self.copies = False  # the buckets hold copies of .grad (torch DDP)
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
         self.unused: set[tuple[int, int]] = set()  # (bucket, index): no gradient on this rank this step
@@ -151,22 +155,22 @@ class BucketSet:
         parameter's .data, .grad and momentum views into them, and cut them into buckets."""
         align = BUCKET_ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
         G = self.node_size
-        groups = self._cut(params)
-        starts, total, first, shards = [], 0, [0], []
+        # the node layout shards each bucket as FSDP2 does, its parameters in their group's order
+        groups = [m[::-1] if G > 1 else m for m in self._cut(params)]
+        starts, total, first = [], 0, [0]
         for members in groups:
             first.append(first[-1] + len(members))
             starts.append(total)
-            count = sum(p.numel() for p in members)
-            shards.append(wire.shard_elements(count, G) if G > 1 else count)
-            total += G * shards[-1] if G > 1 else -(-count // align) * align
+            total += -(-sum(p.numel() for p in members) // align) * align
+        shards = [RowShards([p.shape for p in members], bounds(members), G) if G > 1 else None for members in groups]
         P = torch.zeros(total, dtype=dtype, device=device)
         Gr = torch.zeros(total, dtype=dtype, device=device)
-        M = torch.zeros(total if G == 1 else sum(shards), dtype=dtype, device=device)
+        M = torch.zeros(total if G == 1 else sum(s.size for s in shards), dtype=dtype, device=device)
         buckets, m_start = [], 0
-        for start, members, before, shard in zip(starts, groups, first, shards):
-            bounds = [0]
-            for p in members:
-                lo, n = start + bounds[-1], p.numel()
+        for start, members, before, rows in zip(starts, groups, first, shards):
+            ends = bounds(members)
+            for p, lo in zip(members, ends):
+                lo, n = start + lo, p.numel()
                 P[lo : lo + n].copy_(p.data.reshape(-1))
                 if p.grad is not None:
                     Gr[lo : lo + n].copy_(p.grad.reshape(-1))
@@ -175,16 +179,14 @@ class BucketSet:
                 p.grad = Gr[lo : lo + n].view_as(p)
                 if G == 1:  # (node layout: each rank holds a shard of the bucket's momenta, not whole ones)
                     state[p]["exp_avg"] = M[lo : lo + n].view_as(p)
-                bounds.append(bounds[-1] + n)
-            end = start + bounds[-1]
+            end = start + ends[-1]
             if G == 1:
-                m, padded = M[start:end], None
+                m = M[start:end]
             else:
-                end_full = start + G * shard
-                m, padded = M[m_start : m_start + shard], (P[start:end_full], Gr[start:end_full])
-                m_start += shard
-            buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, bounds,
-                                  before / len(params), padded))
+                m = M[m_start : m_start + rows.size]
+                m_start += rows.size
+            buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, ends,
+                                  before / len(params), rows))
         return buckets
 
     # --- gradients ---------------------------------------------------------------------------------------
@@ -192,7 +194,7 @@ class BucketSet:
     def keep_private(self) -> None:
         """From now on .grad belongs to another owner (torch DDP); the buckets keep their own copies, which
         `capture` (during backward) or `collect` fills."""
-        self.private = True
+        self.private = self.copies = True
         for b in self.buckets:
             for p in b.params:
                 p.grad = None
@@ -271,7 +273,7 @@ class BucketSet:
 
     def versions(self) -> list[int]:
         """The gradient buffers' version counters (torch's in-place write counters)."""
-        return [b.g._version for b in self.buckets]
+        return [version_of(b.g) for b in self.buckets]
 
     def as_exchanged(self, versions) -> bool:
         """Whether the gradients are still those of `versions`, in their views (private copies: only the
@@ -279,7 +281,7 @@ class BucketSet:
         if self.private:
             return True
         for b, version in zip(self.buckets, versions):
-            if b.g._version != version:
+            if version_of(b.g) != version:
                 return False
             if not all(b.grad_in_place(i, p) for i, p in enumerate(b.params)):
                 return False
@@ -291,7 +293,7 @@ class BucketSet:
         unless `buffers_only`) .grad alike."""
         for b in self.buckets:
             b.g.mul_(factor.to(b.g.device) if isinstance(factor, torch.Tensor) else factor)
-        if self.private and not buffers_only:
+        if self.copies and not buffers_only:
             for b in self.buckets:
                 for p in b.params:
                     if p.grad is not None:
@@ -316,3 +318,16 @@ def _touch_hook(buckets: BucketSet):
         if owner is not None:
             owner.touch(*owner.where[id(param)])
     return hook
+
+
+def bounds(members) -> list[int]:
+    """The parameters' boundaries in a bucket of `members`."""
+    bounds = [0]
+    for p in members:
+        bounds.append(bounds[-1] + p.numel())
+    return bounds
+
+
+def version_of(t: torch.Tensor | None) -> int | None:
+    """torch's in-place write counter of a tensor (autograd's own check), None for no tensor."""
+    return None if t is None else t._version

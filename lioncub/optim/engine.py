@@ -26,6 +26,7 @@ from lioncub.optim.layout import make_layout
 from lioncub.optim.overlap import Overlap
 from lioncub.optim.passes import ExchangePass, LossScale
 from lioncub.optim.phase import Phase
+from lioncub.optim.sharded import ShardedBucketSet, ShardedLayout
 from lioncub.optim.stats import CommStats
 
 log = logging.getLogger("lioncub")
@@ -34,13 +35,16 @@ log = logging.getLogger("lioncub")
 class Engine:
     def __init__(self, param_groups: list, state, *, method, levels, momentum_sync, process_group, bucket_mb,
                  grad_wire_dtype, skip_nonfinite: bool, overlap: bool, dense_warmup: int, hierarchical: bool,
-                 node_size):
+                 node_size, sharding=None):
         spec = methods.get(method)
         self.spec, self._levels_arg = spec, levels
         self.wire_dtype = str(grad_wire_dtype).removeprefix("torch.")
         self.skip_nonfinite = skip_nonfinite
-        device = next((p.device for g in param_groups for p in g["params"]), torch.device("cpu"))
-        self.layout = make_layout(process_group, hierarchical, node_size, spec, device)
+        if sharding is not None:  # a model sharded by FSDP2 (lioncub.attach_fsdp)
+            self.layout = ShardedLayout(process_group, sharding)
+        else:
+            device = next((p.device for g in param_groups for p in g["params"]), torch.device("cpu"))
+            self.layout = make_layout(process_group, hierarchical, node_size, spec, device)
         self.levels = spec.resolve_levels(self.layout.voters, levels)
         self.schedule = schedules.resolve(momentum_sync)
         guard = 0 if spec.dense else self.schedule.start_steps([g["betas"] for g in param_groups])
@@ -49,7 +53,8 @@ class Engine:
             bucket_mb = wire.auto_bucket_mb(sum(p.numel() * p.element_size() for g in param_groups
                                                 for p in g["params"] if p.requires_grad))
         self.bucket_mb = bucket_mb
-        self.buckets = BucketSet(param_groups, state, int(bucket_mb * 2**20), self.layout.node_size)
+        self.buckets = (ShardedBucketSet(param_groups, state, sharding) if sharding is not None else
+                        BucketSet(param_groups, state, int(bucket_mb * 2**20), self.layout.node_size))
         self.stats = CommStats()
         self.steps = 0  # steps taken (skipped ones included)
         self.momenta_identical = True
@@ -218,7 +223,7 @@ class Engine:
         gradients; a pass taken on the scaled gradients is stale."""
         p, dense = before
         buckets = self.buckets
-        if buckets.private:  # under DDP the buckets hold copies of .grad: unscale them alike
+        if buckets.copies:  # under DDP the buckets hold copies of .grad: unscale them alike
             buckets.scale_(scaler.inverse_scale(), buffers_only=True)
         if self.world_size == 1:
             return local_inf

@@ -54,9 +54,9 @@ class FlatLayout:
         """p <- p(1 - lr wd) - lr U from the agreed code; with `deferred`, the momentum update `pack` left out."""
         x.apply(b.p, code, lr=h.lr, wd=h.wd, momentum=(b.g, b.m, h.beta2) if deferred else None)
 
-    def momentum_piece(self, b, s: int, e: int):
-        """The momentum of bucket elements [s, e) that this rank holds."""
-        return b.m[s:e]
+    def momentum_piece(self, b, i: int):
+        """The momentum of bucket b's parameter i that this rank holds."""
+        return b.m[b.offsets[i] : b.offsets[i + 1]]
 
     def dense_step(self, buckets) -> list:
         """Lion on gradients averaged over every rank (identical everywhere); returns its collectives."""
@@ -100,7 +100,29 @@ class FlatLayout:
         return ""
 
 
-class NodeLayout(FlatLayout):
+class ShardLayout(FlatLayout):
+    """A layout in which each rank keeps the momentum of its shard of every bucket (`b.shards`, sharded over
+    the G ranks of a node as FSDP2 shards parameters; this rank's shard `local`)."""
+
+    local = 0
+
+    def momentum_piece(self, b, i: int):
+        """The momentum of parameter i's rows in this rank's shard (possibly none)."""
+        at, n = b.shards.where(i, self.local)
+        return b.m[at : at + n]
+
+    def momentum_shards(self, buckets) -> list:
+        """This rank's momentum shard of each bucket (in no parameter's state)."""
+        return [b.m for b in buckets]
+
+    def check_resume(self, saved: dict, shards, buckets) -> None:
+        _mismatch(saved, shards, buckets, self)
+        if shards is not None and saved.get("rank", self.rank) != self.rank:
+            raise ValueError(f"rank {self.rank} was given rank {saved['rank']}'s hierarchical checkpoint: each rank "
+                             f"holds its own momentum shards and must load its own state_dict")
+
+
+class NodeLayout(ShardLayout):
     """Nodes of `node_size` ranks: inside a node the gradients are averaged and the momenta sharded; the nodes
     vote (lioncub.optim.nodes)."""
 
@@ -108,6 +130,7 @@ class NodeLayout(FlatLayout):
         super().__init__(group)
         self.node_size = node_size
         self.nodes = nodes.Nodes(group, node_size)
+        self.local = self.nodes.local
         self._sign_gathers: list = []  # one per bucket, built on the first dense step
 
     @property
@@ -132,19 +155,13 @@ class NodeLayout(FlatLayout):
         """The node's mean of this rank's shard (a reduce-scatter inside the node of the gradients as they
         are, then divided by the loss scale), and its segments."""
         t0 = time.perf_counter()
-        g = x.reduce(b.g_full)
+        g = x.reduce(b.g)
         if inv_scale is not None:
             g.mul_(inv_scale)
         return g, x.offsets, time.perf_counter() - t0
 
     def apply(self, b, x, code, h, deferred: bool = False) -> None:
         x.apply_shards(b, code, h, deferred)
-
-    def momentum_piece(self, b, s: int, e: int):
-        """The part of bucket elements [s, e) in this rank's shard [lo, lo + S), or None."""
-        lo = self.nodes.local * b.shard
-        a, z = max(s, lo), min(e, lo + b.shard)
-        return b.m[a - lo : z - lo] if a < z else None
 
     def dense_step(self, buckets) -> list:
         """Each rank forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
@@ -169,16 +186,6 @@ class NodeLayout(FlatLayout):
         pieces, sizes, layouts = zip(*[(piece, n, x.layout) for b, x, shards in zip(buckets, xs, codes)
                                        for piece, n in x.pieces(b, shards)])
         return agreement.agreement(codec, list(pieces), list(sizes), self.nodes.count, levels, list(layouts))
-
-    def momentum_shards(self, buckets) -> list:
-        """This rank's momentum shard of each bucket (in no parameter's state)."""
-        return [b.m for b in buckets]
-
-    def check_resume(self, saved: dict, shards, buckets) -> None:
-        _mismatch(saved, shards, buckets, self)
-        if shards is not None and saved.get("rank", self.rank) != self.rank:
-            raise ValueError(f"rank {self.rank} was given rank {saved['rank']}'s hierarchical checkpoint: each rank "
-                             f"holds its own momentum shards and must load its own state_dict")
 
     def describe(self) -> str:
         return f", nodes={self.nodes.count}x{self.node_size}"

@@ -1,10 +1,14 @@
-"""The node layout's pieces: process groups of nodes, and a bucket's exchange when a node votes as one.
+"""The node layout's pieces: process groups of nodes, how a bucket is sharded in a node, and a bucket's
+exchange when a node votes as one.
 
-Ranks form nodes of G (node-major, as torchrun numbers them: rank = node * G + local rank). Per bucket of
-n parameters, padded to G shards of S = lioncub.comm.wire.shard_elements(n, G):
+Ranks form nodes of G (node-major, as torchrun numbers them: rank = node * G + local rank). A bucket is
+sharded as FSDP2 shards parameters (`RowShards`): each parameter is split on dim 0 into G chunks of
+ceil(rows / G) rows, zero-padded to that many, and local rank j's shard is its chunk of every parameter. So a
+model sharded with FSDP2 inside the node (lioncub.integrations.fsdp) holds exactly these shards, and the two
+run the same arithmetic. Per bucket:
 
 1. inside the node, a reduce-scatter of the gradients (over NVLink/PCIe) leaves each local rank the node's
-   mean gradient of its shard;
+   mean gradient of its shard (the sum in the wire dtype, divided by G in it, as FSDP2's average);
 2. each local rank keeps the momentum of its shard only (G times less optimizer memory) and quantizes its
    shard; the ranks with the same local rank on every node (the "cross" group: N/G voters) run the method's
    own collectives on it, so only 1/G of each node's votes leave a rank and the fields are sized for N/G;
@@ -86,14 +90,56 @@ class Nodes:
         return [out[s * n : (s + 1) * n].view(mine.dtype) for s in range(self.size)]
 
 
-def shard_offsets(offsets: list[int], start: int, size: int) -> list[int]:
-    """The segment boundaries (one segment per parameter tensor) of the shard [start, start + size) of a
-    bucket with boundaries `offsets`, relative to the shard; the padding past the last parameter is one
-    more segment."""
-    end = start + size
-    inner = [o - start for o in offsets if start < o < end]
-    bounds = [0] + inner + [size]
-    return [b for i, b in enumerate(bounds) if i == 0 or b > bounds[i - 1]]
+class RowShards:
+    """FSDP2's sharding of a bucket over the G ranks of a node: parameter i (elements [offsets[i],
+    offsets[i+1]) of the bucket, `shapes[i]`) is split on dim 0 into chunks of ceil(rows / G) rows (torch.chunk:
+    the last chunks shorter, or empty), each padded with zeros to that many rows; shard j is chunk j of every
+    parameter, in bucket order. `pieces[j]`: (bucket start, elements, shard offset) of each chunk's rows."""
+
+    def __init__(self, shapes: list, offsets: list[int], G: int):
+        self.G, self.offsets = G, offsets
+        self.pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(G)]
+        self.padded: list[int] = []  # per parameter: its elements in every shard
+        at = 0
+        for shape, start, end in zip(shapes, offsets[:-1], offsets[1:]):
+            rows = shape[0] if len(shape) else 1
+            cols = (end - start) // rows if rows else 0
+            per = -(-rows // G)
+            for j in range(G):
+                lo, hi = min(j * per, rows), min((j + 1) * per, rows)
+                self.pieces[j].append((start + lo * cols, (hi - lo) * cols, at))
+            self.padded.append(per * cols)
+            at += per * cols
+        self.size = at
+
+    def gather(self, flat: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        """Shard j of the bucket-ordered `flat` into `out` (its `size` elements; the padding zero)."""
+        out.zero_()
+        for start, n, at in self.pieces[j]:
+            if n:
+                out[at : at + n].copy_(flat[start : start + n])
+        return out
+
+    def scatter(self, shard: torch.Tensor, j: int, flat: torch.Tensor) -> None:
+        """The real elements of shard j back into the bucket-ordered `flat`."""
+        for start, n, at in self.pieces[j]:
+            if n:
+                flat[start : start + n].copy_(shard[at : at + n])
+
+    def segments(self, j: int) -> list[int]:
+        """The boundaries inside shard j of each parameter's chunk and, where there is one, its padding (one
+        segment each: the L1 codec's scale is per segment)."""
+        bounds = [0]
+        for (_, n, at), padded in zip(self.pieces[j], self.padded):
+            for end in (at + n, at + padded):
+                if end > bounds[-1]:
+                    bounds.append(end)
+        return bounds
+
+    def where(self, i: int, j: int) -> tuple[int, int]:
+        """(shard offset, elements) of parameter i's rows in shard j."""
+        _, n, at = self.pieces[j][i]
+        return at, n
 
 
 class ShardExchange:
@@ -103,13 +149,14 @@ class ShardExchange:
 
     def __init__(self, spec, b, nodes: Nodes, levels: int, grad_wire_dtype: str, group=None):
         G, S = nodes.size, b.shard
-        self.nodes, self.shard, self.group = nodes, S, group
+        self.nodes, self.shards, self.group = nodes, b.shards, group
         device, dtype = b.g.device, b.g.dtype
         wire_dtype = torch.bfloat16 if grad_wire_dtype == "bfloat16" and dtype == torch.float32 else dtype
         self.grad = torch.zeros(S, dtype=dtype, device=device)
-        self._send = None if wire_dtype == dtype else torch.empty(G * S, dtype=wire_dtype, device=device)
+        self._send = torch.empty(G * S, dtype=wire_dtype, device=device)
         self._recv = self.grad if wire_dtype == dtype else torch.empty(S, dtype=wire_dtype, device=device)
-        self.offsets = shard_offsets(b.offsets, nodes.local * S, S)  # of this rank's shard
+        self._pieces = torch.empty(S, dtype=b.p.dtype, device=device)  # one shard of parameters, to update
+        self.offsets = b.shards.segments(nodes.local)  # of this rank's shard
         self.inner = spec.exchange(S, device, nodes.cross, levels=levels)
         self.layout, self.code = self.inner.layout, self.inner.code
         # the encode pipeline (steps 1 and 2) runs on the shard
@@ -117,16 +164,20 @@ class ShardExchange:
         result = self.inner.result()
         self._gathered = torch.empty(G * result.numel() * result.element_size(), dtype=torch.uint8, device=device)
         self.collectives = spec.hierarchical_collectives(b.n, nodes.size * nodes.count, G, levels,
-                                                         str(wire_dtype).removeprefix("torch."))
+                                                         str(wire_dtype).removeprefix("torch."), shard=S)
 
-    def reduce(self, g_full: torch.Tensor) -> torch.Tensor:
-        """Step 1 of the layout: `grad` <- the node's mean of this rank's shard of the padded bucket gradient."""
-        src = g_full if self._send is None else self._send.copy_(g_full)
-        transport.call("reduce_scatter (hierarchical gradients)", transport.reduce_scatter, self._recv, src,
+    def reduce(self, g: torch.Tensor) -> torch.Tensor:
+        """Step 1 of the layout: `grad` <- the node's mean of this rank's shard of the bucket gradient g: the
+        shards laid out rank after rank, summed in the wire dtype by a reduce-scatter, divided by G in it."""
+        S = self.shards.size
+        for j in range(self.nodes.size):
+            self.shards.gather(g, j, self._send[j * S : (j + 1) * S])
+        transport.call("reduce_scatter (hierarchical gradients)", transport.reduce_scatter, self._recv, self._send,
                        group=self.nodes.intra)
+        self._recv.div_(self.nodes.size)
         if self._recv is not self.grad:
             self.grad.copy_(self._recv)
-        return self.grad.div_(self.nodes.size)
+        return self.grad
 
     def __call__(self) -> list:
         """Steps 2 and 3 (after `pack` filled `code`): the agreed code of every shard of the bucket."""
@@ -135,17 +186,18 @@ class ShardExchange:
                                                                    self.inner.result(), self._gathered)]
 
     def apply_shards(self, b, codes: list, h, deferred: bool) -> None:
-        """Every shard's update on the padded parameters; with `deferred`, the momentum update of this rank's
-        shard that `pack` left out (from the node's mean gradient)."""
-        S, mine = self.shard, self.nodes.local
+        """Every shard's update on the parameters (gathered into one shard's buffer, updated, put back); with
+        `deferred`, the momentum update of this rank's shard that `pack` left out (from the node's mean)."""
+        mine = self.nodes.local
         for s, code in enumerate(codes):
-            self.inner.apply(b.p_full[s * S : (s + 1) * S], code, lr=h.lr, wd=h.wd,
+            piece = self.shards.gather(b.p, s, self._pieces)
+            self.inner.apply(piece, code, lr=h.lr, wd=h.wd,
                              momentum=(self.grad, b.m, h.beta2) if deferred and s == mine else None)
+            self.shards.scatter(piece, s, b.p)
 
     def pieces(self, b, codes: list) -> list[tuple]:
-        """(code, elements) of every shard, the padding left out (what lioncub.optim.agreement reads)."""
-        S = self.shard
-        return [(code, max(0, min(S, b.n - s * S))) for s, code in enumerate(codes)]
+        """(code, elements) of every shard (the padding inside each shard counted: it votes as c = 0)."""
+        return [(code, self.shards.size) for code in codes]
 
 
 class SignGather:
@@ -160,13 +212,16 @@ class SignGather:
         self.x = methods.get(self.SPEC).exchange(b.shard, b.g.device, world_size=1)
         nbytes = self.x.code.numel() * self.x.code.element_size()
         self._gathered = torch.empty(nodes.size * nbytes, dtype=torch.uint8, device=b.g.device)
+        self._shard = torch.empty(b.shard, dtype=b.g.dtype, device=b.g.device)
         self.collective = wire.Collective("allgather", nodes.size * nbytes, "uint8", "node")
 
     def lion_step(self, b, h) -> None:
         """Lion on the (averaged) gradient of bucket b: this rank's shard updates its momentum, every shard
         its parameters."""
-        S, mine = b.shard, self.nodes.local
-        self.x.pack(b.g_full[mine * S : (mine + 1) * S], b.m, None, beta1=h.beta1, beta2=h.beta2, offsets=None)
+        g = b.shards.gather(b.g, self.nodes.local, self._shard)
+        self.x.pack(g, b.m, None, beta1=h.beta1, beta2=h.beta2, offsets=None)
         for s, code in enumerate(self.nodes.gather("all_gather_into_tensor (hierarchical signs)", self.x.code,
                                                    self._gathered)):
-            self.x.apply(b.p_full[s * S : (s + 1) * S], code, lr=h.lr, wd=h.wd)
+            piece = b.shards.gather(b.p, s, self._shard)
+            self.x.apply(piece, code, lr=h.lr, wd=h.wd)
+            b.shards.scatter(piece, s, b.p)

@@ -17,6 +17,7 @@ import logging
 import numbers
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from lioncub import kernels, methods
 from lioncub.comm.transport import record_call_times
@@ -97,22 +98,47 @@ class LionCub(torch.optim.Optimizer):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup)
-        self.engine = None  # (built once torch.optim has the param groups)
+        self._engine = None  # (built once torch.optim has the param groups)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)
         self.grad_wire_dtype, self.timing, self.hierarchical = grad_wire_dtype, timing, bool(hierarchical)
-        self.engine = Engine(self.param_groups, self.state, method=spec, levels=levels,
-                             momentum_sync=momentum_sync, process_group=process_group, bucket_mb=bucket_mb,
-                             grad_wire_dtype=grad_wire_dtype, skip_nonfinite=skip_nonfinite, overlap=overlap,
-                             dense_warmup=int(dense_warmup), hierarchical=hierarchical, node_size=node_size)
-        if timing:  # (from the first step on: the set-up's collectives are not the step's)
+        self._engine_args = dict(method=spec, levels=levels, momentum_sync=momentum_sync,
+                                 process_group=process_group, bucket_mb=bucket_mb, grad_wire_dtype=grad_wire_dtype,
+                                 skip_nonfinite=skip_nonfinite, overlap=overlap, dense_warmup=int(dense_warmup),
+                                 hierarchical=hierarchical, node_size=node_size)
+        if any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+            if hierarchical:
+                raise ValueError("hierarchical=True is the layout of an unsharded model; a model sharded by FSDP2 gets "
+                                 "the same arithmetic from lioncub.attach_fsdp(model, opt, mesh)")
+            return  # sharded parameters: the engine comes with lioncub.attach_fsdp
+        self._build()
+
+    def _build(self, sharding=None) -> None:
+        self._engine = Engine(self.param_groups, self.state, sharding=sharding, **self._engine_args)
+        if self.timing:  # (from the first step on: the set-up's collectives are not the step's)
             record_call_times(True)
+
+    @property
+    def engine(self) -> Engine:
+        """The engine (lioncub.optim.engine): what amp, ddp, the overlap and the integrations drive."""
+        if self._engine is None:
+            raise RuntimeError("LionCub: these parameters are sharded by FSDP2 (DTensors): call "
+                               "lioncub.attach_fsdp(model, opt, mesh) before training (README: Sharded models)")
+        return self._engine
+
+    def use_sharding(self, sharding) -> None:
+        """Train FSDP2's shards (lioncub.attach_fsdp calls it): one bucket per unit, momenta sharded as the
+        parameters are (lioncub.optim.sharded). Once, before the first step."""
+        if self._engine is not None:
+            raise ValueError("lioncub.attach_fsdp: this LionCub is built already (attach it once, before training; "
+                             "build it on the FSDP model's parameters)")
+        self._build(sharding)
 
     # --- what it is (read-only; the engine holds them) ---------------------------------------------------
 
-    spec = property(lambda self: self.engine.spec, doc="the method (lioncub.methods.Method)")
-    method = property(lambda self: self.engine.spec.name)
+    spec = property(lambda self: self._engine_args["method"], doc="the method (lioncub.methods.Method)")
+    method = property(lambda self: self._engine_args["method"].name)
     levels = property(lambda self: self.engine.levels)
     schedule = property(lambda self: self.engine.schedule)
     dense_warmup = property(lambda self: self.engine.phase.dense_warmup)
@@ -144,8 +170,8 @@ class LionCub(torch.optim.Optimizer):
                 if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype not in DTYPES:
                     raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {p.dtype}")
         super().add_param_group(param_group)
-        if self.engine is not None:
-            self.engine.add_group(len(self.param_groups) - 1, self.state)
+        if self._engine is not None:
+            self._engine.add_group(len(self.param_groups) - 1, self.state)
 
     # --- the loop ---------------------------------------------------------------------------------------
 

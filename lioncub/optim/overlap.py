@@ -20,7 +20,6 @@ backward.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import queue
 import threading
@@ -30,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lioncub.comm.distributed import at_finish
+from lioncub.comm import settle
 from lioncub.optim.passes import ExchangePass
 
 _FLUSH, _STOP = "flush", "stop"
@@ -38,14 +37,13 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for s
 
 
 def shutdown(timeout: float = 5.0) -> None:
-    """End every communication thread and wait for it (lioncub.finish() and interpreter exit call this): a
-    thread still alive while Python finalises could be stopped inside torch and abort the process."""
+    """End every communication thread and wait for it (the process's settling calls this, at exit and in
+    lioncub.finish()): a thread still inside a collective while Python finalises would abort the process."""
     for ov in list(_LIVE):
         ov.close(join_timeout=timeout)
 
 
-atexit.register(shutdown)
-at_finish(shutdown)
+settle.at_exit(shutdown)
 
 
 @dataclass(eq=False)

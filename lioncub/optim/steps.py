@@ -59,8 +59,7 @@ def keep(engine, untouched: frozenset):
     views = []
     for k, i in sorted(untouched):
         b = engine.buckets[k]
-        s, e = b.offsets[i], b.offsets[i + 1]
-        views += [v for v in (b.p[s:e], engine.layout.momentum_piece(b, s, e)) if v is not None]
+        views += [b.param_view(i), engine.layout.momentum_piece(b, i)]
     saved = [v.clone() for v in views]
     yield
     for v, copy in zip(views, saved):

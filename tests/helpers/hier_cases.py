@@ -3,7 +3,10 @@
 The oracle re-derives each step from every rank's gradient and every node's momentum with plain torch:
 a node's gradient is the mean of its ranks' (the test's gradients are multiples of 1/8 and small, so every
 sum is exact in any order and in every dtype), its direction c = b1 m + (1 - b1) g, and the nodes vote as
-the flat oracle's ranks do; l1-pbit's scale is per piece of a tensor inside one shard.
+the flat oracle's ranks do. A bucket is sharded as FSDP2 shards tensors (rebuilt here with padding and views:
+each tensor's rows padded to a multiple of G and cut in G equal parts, shard j the j-th part of every tensor);
+the 1-bit tie-break counts positions inside a shard, and l1-pbit's scale is per tensor's part (its padding a
+part of its own).
 """
 
 from __future__ import annotations
@@ -26,15 +29,35 @@ def exact_grads(params, rank, step):
     return [None if g is None else (g.float() * 8).round().clamp(-32, 32).div(8).to(g.dtype) for g in grads]
 
 
-def _pieces(bucket_offsets, S, n_shards):
-    """(start, end) of every tensor piece inside one shard, in bucket coordinates (an independent cut)."""
+def _parts(shapes, offsets, G):
+    """Per tensor: (rows, columns, rows per shard)."""
     out = []
-    for s in range(n_shards):
-        lo, hi = s * S, (s + 1) * S
-        for a, b in zip(bucket_offsets[:-1], bucket_offsets[1:]):
-            a2, b2 = max(a, lo), min(b, hi)
-            if a2 < b2:
-                out.append((a2, b2))
+    for shape, s, e in zip(shapes, offsets[:-1], offsets[1:]):
+        rows = shape[0] if len(shape) else 1
+        out.append((rows, (e - s) // rows, -(-rows // G)))
+    return out
+
+
+def shard_of(flat, shapes, offsets, G, j):
+    """Shard j of a bucket-ordered flat tensor."""
+    parts = []
+    for (rows, cols, per), s, e in zip(_parts(shapes, offsets, G), offsets[:-1], offsets[1:]):
+        t = torch.nn.functional.pad(flat[s:e].reshape(rows, cols), (0, 0, 0, per * G - rows))
+        parts.append(t.reshape(G, per * cols)[j])
+    return torch.cat(parts)
+
+
+def shard_pieces(shapes, offsets, G, j):
+    """(shard start, shard end, bucket start or None for padding) of each tensor's real rows and its padding
+    in shard j."""
+    out, at = [], 0
+    for (rows, cols, per), s in zip(_parts(shapes, offsets, G), offsets[:-1]):
+        real = max(0, min(per, rows - j * per))
+        if real:
+            out.append((at, at + real * cols, s + j * per * cols))
+        if per > real:
+            out.append((at + real * cols, at + per * cols, None))
+        at += per * cols
     return out
 
 
@@ -52,11 +75,10 @@ def _node_update(method, gs, ms, b1, step, levels, start, end, first_index):
     raise ValueError(method)
 
 
-def _full_momenta(opt, b, G):
-    """Every node's momentum of bucket b (fp32, bucket coordinates), gathered from the shards."""
+def _node_momenta(b, G):
+    """Every node's momentum shards of bucket b (fp32): node k's j-th is rank k * G + j's."""
     shards = dist_cases.gather(b.m.float())
-    nodes = len(shards) // G
-    return [torch.cat([shards[k * G + j] for j in range(G)]) for k in range(nodes)]
+    return [[shards[k * G + j] for j in range(G)] for k in range(len(shards) // G)]
 
 
 def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=True, methods=None):
@@ -81,10 +103,10 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
             else:
                 dist_cases.assign(params, grads, step)
             before = {b: b.p.detach().clone() for b in opt.engine.buckets}
-            node_m = {b: _full_momenta(opt, b, G) for b in opt.engine.buckets}
+            node_m = {b: _node_momenta(b, G) for b in opt.engine.buckets}
             node_g = {}
             for b in opt.engine.buckets:
-                local = torch.zeros(b.g_full.numel(), dtype=torch.float32)
+                local = torch.zeros(b.n, dtype=torch.float32)
                 for p, s, e in zip(b.params, b.offsets[:-1], b.offsets[1:]):
                     local[s:e] = effective[[id(q) for q in params].index(id(p))].float().reshape(-1)
                 every = dist_cases.gather(local)
@@ -92,23 +114,28 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
                 node_g[b] = [sum(every[k * G + j] for j in range(G)).to(b.g.dtype).div_(G).float()
                              for k in range(nodes)]
             opt.step()
+            node, mine = divmod(rank, G)
             for b in opt.engine.buckets:
                 lr, wd, b1, b2 = hyper[id(b.params[0])]
-                got = b.p.detach()
-                for s, e in _pieces(b.offsets, b.shard, G):
-                    U = _node_update(method, node_g[b], node_m[b], b1, step, levels, s, e, s)
-                    want = oracle.expected_params(before[b][s:e], U, lr, wd)
-                    if method == "avg-pbit":
-                        bad = ~torch.isclose(got[s:e].float(), want.float(), rtol=1e-6, atol=1e-9)
-                    else:
-                        bad = got[s:e] != want
-                    r["mismatch"] += int(bad.sum())
-                    r["elements"] += e - s
+                shapes, got = [p.shape for p in b.params], b.p.detach()
+                for j in range(G):
+                    gs = [shard_of(g, shapes, b.offsets, G, j) for g in node_g[b]]
+                    ms = [m[j] for m in node_m[b]]
+                    for s, e, at in shard_pieces(shapes, b.offsets, G, j):
+                        if at is None:
+                            continue  # padding: votes as c = 0, updates nothing
+                        U = _node_update(method, gs, ms, b1, step, levels, s, e, s)
+                        want = oracle.expected_params(before[b][at : at + e - s], U, lr, wd)
+                        have = got[at : at + e - s]
+                        if method == "avg-pbit":
+                            bad = ~torch.isclose(have.float(), want.float(), rtol=1e-6, atol=1e-9)
+                        else:
+                            bad = have != want
+                        r["mismatch"] += int(bad.sum())
+                        r["elements"] += e - s
                 # momentum of this rank's shard: the EMA of its node's mean gradient, averaged on sync steps
-                node, local = divmod(rank, G)
-                lo = local * b.shard
-                want_m = [(torch.mul(m[lo : lo + b.shard].to(b.m.dtype).float(), b2)
-                           .add_(g[lo : lo + b.shard], alpha=1 - b2)).to(b.m.dtype).float()
+                want_m = [(torch.mul(m[mine].to(b.m.dtype).float(), b2)
+                           .add_(shard_of(g, shapes, b.offsets, G, mine), alpha=1 - b2)).to(b.m.dtype).float()
                           for m, g in zip(node_m[b], node_g[b])]
                 expect = (sum(want_m) / nodes).to(b.m.dtype).float() if step % momentum_sync == 0 else want_m[node]
                 r["momentum_err"] = max(r["momentum_err"], (b.m.float() - expect).abs().max().item())
@@ -230,14 +257,15 @@ def dcp_flat_load(rank, world_size, path):
 
 def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
     """dense_warmup=K, hierarchical and flat: the parameters after every step, and after step K this rank's
-    momentum shard and the same slice of the flat run's (every rank's) momentum."""
-    runs, shards = {}, None
+    momentum shards and the same shards cut from the flat run's (every rank's) momentum."""
+    runs, layout = {}, None
     for hier in (True, False):
         params, groups = dist_cases.make_params()
+        index = {id(p): i for i, p in enumerate(params)}
         opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB, dense_warmup=K,
                       hierarchical=hier, node_size=G if hier else None)
-        if hier:
-            shards = [b.shard for b in opt.engine.buckets]
+        if hier:  # each bucket's tensors (by index) and boundaries
+            layout = [([index[id(p)] for p in b.params], b.offsets) for b in opt.engine.buckets]
         trace, moms = [], None
         for step in range(1, steps + 1):
             opt.zero_grad()
@@ -246,11 +274,13 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
             sum((p.float() * g.float()).sum() for p, g in zip(params, effective)).backward()
             opt.step()
             trace.append(dist_cases.flat(params))
-            if step == K:
-                lo = [(rank % G) * S for S in shards]
-                moms = [b.m[: max(0, min(S, b.n - a))] if hier else b.m[a : a + S]
-                        for b, S, a in zip(opt.engine.buckets, shards, lo)]
-                moms = torch.cat([m.float() for m in moms])
+            if step == K and hier:
+                moms = torch.cat([b.m.float() for b in opt.engine.buckets])
+            elif step == K:
+                moms = torch.cat([shard_of(torch.cat([opt.state[params[i]]["exp_avg"].float().reshape(-1)
+                                                      for i in members]),
+                                           [params[i].shape for i in members], offsets, G, rank % G)
+                                  for members, offsets in layout])
         runs[hier] = dict(trace=trace, momenta=moms, stats=opt.stats.as_dict())
     return runs
 
