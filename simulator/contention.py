@@ -136,6 +136,22 @@ class StepSim:
         self.tally.append({"what": c.what, "algorithm": c.algorithm, "size_bytes": c.size, "seconds": env.now - t0})
 
 
+def loaded_collective(host: HostModel, weight: int, call: Call, computing: bool = True) -> float:
+    """Seconds of one collective `call` on a host whose `weight` ranks each also compute throughout
+    (`computing`) or are otherwise idle: the same mechanism as a step's collectives (the calibration
+    predicts its held-out probes with it)."""
+    sim = StepSim(host, weight, dict(fwd=0.0, bwd=0.0, optimizer=0.0), [], None, [], False)
+    if computing:
+        sim.cores.run(1e9)  # every rank's forward and backward, for longer than the collective
+
+    def one():
+        t0 = sim.env.now
+        yield from sim.collective(call)
+        return sim.env.now - t0
+
+    return sim.env.run(until=sim.env.process(one()))
+
+
 def compute_work(host: HostModel, weight: int, seconds: float) -> float:
     """Device-seconds of work that took `seconds` with every one of the host's `weight` ranks computing."""
     return seconds * host.share(weight)
@@ -147,4 +163,4 @@ def control_call(ex, probed, N: int) -> Call:
     return Call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, hops, N, 2.0 * r.bytes_sent_per_rank)
 
 
-__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call"]
+__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective"]

@@ -109,11 +109,12 @@ class BackendProfile:
         A profile with a `host` models this (and more) as contention instead: the field is then unused.
     host: the ranks' own devices and what sharing them costs (simulator/hosts.py `HostModel`, as a dict:
         cores, shared_by, background, wake, call_cpu, byte_cpu, intra_bandwidth, intra_latency), measured by
-        `lioncub calibrate --host`. With it `simulate_step` runs the step as processes on shared devices
-        (contention.py), `codec_bandwidth` is each kernel's speed on one device alone, and the host's
-        transport replaces the cluster's intra-node link. None: devices not shared (the analytic step model).
+        lioncub.apps.train.hostcal (`lioncub demo` and `bench train` run it). With it `simulate_step` runs the
+        step as processes on shared devices (contention.py), `codec_bandwidth` is each kernel's speed on one
+        device alone, and the host's transport replaces the cluster's intra-node link. None: devices not
+        shared (the analytic step model).
     forecast_error: [low, high], the spread of measured / predicted - 1 over the calibration's held-out
-        probes (their 5th and 95th percentiles): every forecast made with this profile carries the interval
+        probes (their least and greatest, 0 always inside): every forecast made with this profile carries the interval
         forecast x (1 + low) .. forecast x (1 + high). None: no interval.
     """
 
@@ -156,6 +157,20 @@ class BackendProfile:
         return list(self.algorithms.get(op, ALL_ALGORITHMS.get(op, [])))
 
     # ---- checks ---------------------------------------------------------------------------------------
+    def _validate_host(self) -> None:
+        """The `host` and `forecast_error` fields (issue 27)."""
+        if self.host is not None:
+            try:
+                HostModel.from_dict(self.host)
+            except ValueError as exc:
+                raise ValueError(f"profile {self.name!r}: {exc}") from None
+        fe = self.forecast_error
+        if fe is not None and not (isinstance(fe, (list, tuple)) and len(fe) == 2
+                                   and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fe)
+                                   and -1 < fe[0] <= 0 <= fe[1]):
+            raise ValueError(f"profile {self.name!r}: forecast_error must be [low, high] with -1 < low <= 0 <= high, "
+                             f"got {fe!r}")
+
     def validate(self) -> BackendProfile:
         def positive(name, v, allow_none=False):
             if v is None and allow_none:
@@ -194,17 +209,7 @@ class BackendProfile:
                 raise ValueError(f"profile {self.name!r}: unknown kernel {key!r} in codec_bandwidth; "
                                  f"choose from {', '.join(CODEC_KERNELS)}")
             positive(f"codec_bandwidth[{key!r}]", v)
-        if self.host is not None:
-            try:
-                HostModel.from_dict(self.host)
-            except ValueError as exc:
-                raise ValueError(f"profile {self.name!r}: {exc}") from None
-        fe = self.forecast_error
-        if fe is not None and not (isinstance(fe, (list, tuple)) and len(fe) == 2
-                                   and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fe)
-                                   and -1 < fe[0] <= 0 <= fe[1]):
-            raise ValueError(f"profile {self.name!r}: forecast_error must be [low, high] with -1 < low <= 0 <= high, "
-                             f"got {fe!r}")
+        self._validate_host()
         if isinstance(self.channels, bool) or not isinstance(self.channels, int) or self.channels < 1:
             raise ValueError(f"profile {self.name!r}: channels must be a positive integer, got {self.channels!r}")
         if not isinstance(self.algorithms, dict):

@@ -57,6 +57,7 @@ from .collectives import (
     simulate_collective,
     simulate_collectives,
 )
+from .hosts import HostModel
 from .profiles import get_profile
 from .results import CollectiveResult
 from .units import parse_byte_rate, parse_count, parse_time
@@ -159,34 +160,25 @@ def simulate_step(
         raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
-    profile = get_profile(backend)
-    cache = cache if cache is not None else Cache()
-    host = profile.host_model()
-    cluster = _host_transport(cluster, host)
-    G = cluster.gpus_per_node if hierarchical else 0
-    spec = _step_spec(algorithm)
+    profile, cache = get_profile(backend), cache if cache is not None else Cache()
+    cluster, host = _host_transport(cluster, profile)
+    G, spec = (cluster.gpus_per_node if hierarchical else 0), _step_spec(algorithm)
     # 1. what the buckets, the control message and the momentum sync cost on the wire, each simulated once
     ex = _Exchanges(cluster, profile, meth, spec, cache, exact, levels, grad_dtype, G)
     # 2. the kernels: forward, backward, codec, Lion update
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
-    if host is None:
-        t = _communicate(ex, meth, buckets, P, times, overlap, K)
-        step = _step_seconds(compute, t["tail"], times["optimizer"])
-    else:
-        t = _contended(ex, meth, buckets, times, overlap, K, host)
-        step = t["step"]
+    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host))["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
         base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
                                              cache, exact)
-    speedup = base_step / step if step > 0 else math.inf
+    speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
     return StepResult(
         hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"], contention=t.get("contention"),
-        step_interval=interval(step, profile.forecast_error),
-        speedup_interval=ratio_interval(speedup, profile.forecast_error) if _baseline else None,
+        step_interval=interval(step, err), speedup_interval=_baseline and ratio_interval(speedup, err) or None,
         method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
         compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
@@ -194,6 +186,14 @@ def simulate_step(
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict,
     )
+
+
+def _the_step(ex, meth, buckets, P, times, overlap, K, host) -> dict:
+    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py)."""
+    if host is not None:
+        return _contended(ex, meth, buckets, times, overlap, K, host)
+    t = _communicate(ex, meth, buckets, P, times, overlap, K)
+    return dict(t, step=_step_seconds(times["fwd"] + times["bwd"], t["tail"], times["optimizer"]))
 
 
 def interval(value: float, error) -> tuple[float, float] | None:
@@ -213,12 +213,14 @@ def ratio_interval(value: float, error) -> tuple[float, float] | None:
     return value * math.exp(-half), value * math.exp(half)
 
 
-def _host_transport(cluster: Cluster, host) -> Cluster:
-    """The cluster with the host's own transport between ranks of one host, where the host model has one."""
+def _host_transport(cluster: Cluster, profile) -> tuple[Cluster, HostModel | None]:
+    """(the cluster with the host's own transport between ranks of one host where the profile's host model has
+    one, that host model or None)."""
+    host = profile.host_model()
     if host is None or host.intra_bandwidth is None:
-        return cluster
-    return dataclasses.replace(cluster, intra_bandwidth=host.intra_bandwidth,
-                               intra_latency=cluster.intra_latency if host.intra_latency is None else host.intra_latency)
+        return cluster, host
+    latency = cluster.intra_latency if host.intra_latency is None else host.intra_latency
+    return dataclasses.replace(cluster, intra_bandwidth=host.intra_bandwidth, intra_latency=latency), host
 
 
 def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
@@ -254,8 +256,10 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     out = sim.run()
     msync = out["msync"] / K if K else 0.0
     step = out["step"] + msync
+    # as the analytic model counts it: without overlap the codec after backward is not communication
+    exposed = out["exposed"] - (0.0 if overlap and N > 1 else out["codec"])
     return dict(step=step, codec=out["codec"], comm=out["comm"] - out["msync"] + msync,
-                exposed=out["exposed"] + msync, msync=msync, sent=sent, nic=nic, collectives=colls,
+                exposed=exposed + msync, msync=msync, sent=sent, nic=nic, collectives=colls,
                 contention=dict(out, host=host.to_dict(), ranks_per_host=weight))
 
 
