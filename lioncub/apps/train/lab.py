@@ -26,15 +26,17 @@ import sys
 
 
 def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, progress: bool = True,
-                 lab=None, timeout: float | None = None, compute_seconds: float | None = None) -> dict:
+                 lab=None, timeout: float | None = None, compute_seconds: float | None = None, profile=None) -> dict:
     """Rank 0's summary of training `cfg` on `ranks` lab ranks; builds (and tears down) a lab unless an
-    open `lab` is given. The prediction uses `compute_seconds` (e.g. from train.loop.measure_compute), or
-    else the compute time the run measured."""
+    open `lab` is given. The prediction uses `compute_seconds` (e.g. from train.hostcal), or else the compute
+    time the run measured, and `profile` (e.g. train.hostcal's; default: the bundled lab calibration); the
+    summary's `forecast` compares the two (train/forecast.py)."""
     from lioncub.apps.lab import Lab
 
     if lab is None:
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=bandwidth) as new_lab:
-            return train_on_lab(cfg, ranks, bandwidth, ranks_per_host, progress, new_lab, timeout, compute_seconds)
+            return train_on_lab(cfg, ranks, bandwidth, ranks_per_host, progress, new_lab, timeout, compute_seconds,
+                                profile)
     argv = [sys.executable, "-m", "lioncub.apps.train.lab", json.dumps(dataclasses.asdict(cfg)), str(int(progress))]
     results = lab.run(argv, ranks=ranks, timeout=timeout, stream_rank0=progress)
     link = link_per_step([r.result.get("link") for r in results if r.result])
@@ -42,9 +44,14 @@ def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, pr
     summary.pop("link", None)
     summary.update(link)
     summary["lab"] = {k: v for k, v in lab.describe().items() if k != "hosts"}
-    p = prediction(cfg, summary, ranks, lab.rate_bps, ranks_per_host, compute_seconds)
+    p = prediction(cfg, summary, ranks, lab.rate_bps, ranks_per_host, compute_seconds, profile)
     summary["predicted_step_seconds"] = p and p.step_seconds
+    summary["predicted_step_interval"] = p and p.step_interval
     summary["predicted_nic_bytes_per_step"] = p and p.nic_bytes_per_node
+    if p is not None:
+        from lioncub.apps.train.forecast import compare
+
+        summary["forecast"] = compare(summary, p, cfg.configuration.compressed)
     return summary
 
 
@@ -60,14 +67,15 @@ def link_per_step(windows: list[dict | None]) -> dict:
                 link_window_steps=windows[0]["steps"], link_hosts=hosts)
 
 
-def prediction(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1, compute_seconds=None):
+def prediction(cfg, summary: dict, ranks: int, bandwidth, ranks_per_host: int = 1, compute_seconds=None,
+               profile=None):
     """The calibrated simulator's StepResult for this run; None where the simulator cannot model it."""
     from lioncub.apps.train.predict import predict_step
 
     compute = summary["compute_seconds"] if compute_seconds is None else compute_seconds
     try:
         return predict_step(cfg, summary["params"], compute, ranks=ranks, bandwidth=bandwidth,
-                            ranks_per_host=ranks_per_host)
+                            ranks_per_host=ranks_per_host, profile=profile)
     except NotImplementedError:
         return None
 
