@@ -139,6 +139,12 @@ def _autotune(cluster, profile, params: int, compute: float, steps: int):
                     momentum_syncs=[s for s in default_schedules(planned) if s != "adaptive"])
     best, verdict = recommend(result)
     say(f"   {verdict}")
+    if best is not None and profile.forecast_error:
+        from lioncub.simulator.step import ratio_interval
+        from lioncub.simulator.units import format_speedup
+
+        band = ratio_interval(best.speedup, profile.forecast_error)
+        say(f"   forecast speedup of its step: {format_speedup(best.speedup, band)}")
     return best
 
 
