@@ -86,3 +86,11 @@ def test_a_run_names_the_component_that_differs_most_and_the_remedy():
     assert c["inside"] and c["remedy"] is None
     # a dense run is never told to change method
     assert compare(summary, _result(0.2, 0.25), compressed=False)["remedy"] is None
+
+
+def test_host_command_refuses_a_machine_of_one_rank(capsys, tmp_path):
+    from lioncub.cli import main
+
+    assert main(["host", "--ranks", "1", "--output", str(tmp_path / "h.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--ranks must be at least 2" in err and err.count("\n") == 1

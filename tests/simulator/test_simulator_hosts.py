@@ -2,6 +2,7 @@
 the step as processes on a host, and the intervals. Oracles: closed forms written out here."""
 
 import dataclasses
+import json
 
 import pytest
 import simpy
@@ -116,3 +117,21 @@ def test_intervals_from_the_error_band():
     assert r.speedup_interval[0] < r.speedup < r.speedup_interval[1]
     with pytest.raises(ValueError, match="forecast_error"):
         dataclasses.replace(banded, forecast_error=[0.1, 0.2])
+
+
+def test_simulate_step_prints_the_interval_of_a_calibration_with_a_host(capsys, tmp_path):
+    from lioncub.cli import main
+
+    cal = tmp_path / "host.json"
+    cal.write_text(json.dumps({"host": {"cores": 2.0, "shared_by": "cluster", "wake": 1e-3},
+                               "forecast_error": [-0.1, 0.2], "codec_on_compute": False}))
+    argv = ["simulate", "step", "--method", "vote-1bit", "--ranks", "4", "--bandwidth", "100Mbit", "--params", "3M",
+            "--compute-seconds", "0.1", "--backend", "gloo", "--calibration", str(cal)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    step = next(line for line in out.splitlines() if line.strip().startswith("step "))
+    assert " - " in step  # step (low - high)
+    assert "x (" in out  # speedup 8.13x (7.20-8.90x)
+    cal.write_text(json.dumps({"host": {"cores": 0}}))
+    assert main(argv) == 2
+    assert "cores must be a positive number" in capsys.readouterr().err
