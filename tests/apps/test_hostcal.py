@@ -2,6 +2,7 @@
 host whose probes it generated, the held-out band, and the run's forecast-against-measured report."""
 
 import dataclasses
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +10,7 @@ from lioncub.simulator import get_profile
 from lioncub.simulator.contention import loaded_collective
 from lioncub.simulator.hosts import HostModel
 
-from lioncub.apps.train.forecast import compare, format_comparison
+from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
 from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
 from lioncub.comm import wire
 
@@ -73,8 +74,8 @@ def _result(step, dense, band=None):
 
 
 def test_a_run_names_the_component_that_differs_most_and_the_remedy():
-    summary = dict(mean_step_seconds=0.30, compute_seconds=0.11, codec_seconds=0.08,
-                   records=[{"exposed_s": 0.1}] * 10)
+    records = [dict(step_s=0.30, compute_s=0.11, codec_s=0.08, exposed_s=0.1)] * 10
+    summary = dict(mean_step_seconds=0.30, compute_seconds=0.11, codec_seconds=0.08, records=records)
     c = compare(summary, _result(0.2, 0.25, (0.18, 0.22)), compressed=True)
     assert c["differs_most"] == "exposed communication"  # 70 ms off, against codec 60 ms and compute 10 ms
     assert c["inside"] is False and c["step_error"] == pytest.approx(0.5)
@@ -86,6 +87,11 @@ def test_a_run_names_the_component_that_differs_most_and_the_remedy():
     assert c["inside"] and c["remedy"] is None
     # a dense run is never told to change method
     assert compare(summary, _result(0.2, 0.25), compressed=False)["remedy"] is None
+    # the ranks compare their first steps the same way, from a JSON-able forecast
+    early = json.loads(json.dumps(forecast_of(_result(0.2, 0.25, (0.18, 0.22)))))
+    c = compare_components(so_far(records[:8]), early, compressed=True)
+    assert c["differs_most"] == "exposed communication" and c["remedy"]
+    assert "first 8 steps" in format_comparison(c, "first 8 steps")
 
 
 def test_host_command_refuses_a_machine_of_one_rank(capsys, tmp_path):

@@ -11,11 +11,22 @@ COMPONENTS = ("step", "compute", "codec", "exposed communication")
 
 def measured_components(summary: dict) -> dict:
     """Seconds per step of each component, medians over the timed steps (train.loop.summarize's)."""
-    records = summary.get("records") or []
+    out = so_far(summary.get("records") or [])
+    out.update({"step": summary["mean_step_seconds"], "compute": summary["compute_seconds"],
+                "codec": summary["codec_seconds"]})
+    return out
+
+
+def so_far(records: list[dict]) -> dict:
+    """The components of the steps recorded so far (train.loop's records; the first two skipped once there are
+    more than four): the mean step, the other components' medians."""
     timed = records[2:] if len(records) > 4 else records
+    if not timed:
+        return {}
+    out = {"step": statistics.fmean(r["step_s"] for r in timed),
+           "compute": statistics.median(r["compute_s"] for r in timed),
+           "codec": statistics.median(r["codec_s"] for r in timed)}
     exposed = [r["exposed_s"] for r in timed if r.get("exposed_s") is not None]
-    out = {"step": summary["mean_step_seconds"], "compute": summary["compute_seconds"],
-           "codec": summary["codec_seconds"]}
     if exposed:
         out["exposed communication"] = statistics.median(exposed)
     return out
@@ -28,26 +39,36 @@ def forecast_components(result) -> dict:
             "codec": result.codec_seconds, "exposed communication": result.exposed_communication_seconds}
 
 
+def forecast_of(result) -> dict:
+    """What a run's ranks need of its forecast to compare as they go (JSON-able)."""
+    return dict(components=forecast_components(result), interval=result.step_interval,
+                dense_step=result.baseline_step_seconds)
+
+
 def compare(summary: dict, result, compressed: bool) -> dict:
-    """The comparison `lioncub train` prints: per component measured, forecast and their difference (seconds);
-    the component that differs most; the step's place against the interval; a remedy where one is due."""
-    meas, fore = measured_components(summary), forecast_components(result)
+    """The comparison `lioncub train` prints at the end of a run (see compare_components)."""
+    return compare_components(measured_components(summary), forecast_of(result), compressed)
+
+
+def compare_components(meas: dict, forecast: dict, compressed: bool) -> dict:
+    """Per component measured, forecast and their difference (seconds); the component that differs most; the
+    step's place against the interval; a remedy where one is due."""
+    fore, band, dense = forecast["components"], forecast["interval"], forecast["dense_step"]
     rows = [dict(component=k, measured=meas[k], forecast=fore[k], difference=meas[k] - fore[k])
             for k in COMPONENTS if k in meas]
     parts = [r for r in rows if r["component"] != "step"] or rows
     worst = max(parts, key=lambda r: abs(r["difference"]))["component"]
-    band = result.step_interval
     out = dict(rows=rows, differs_most=worst, step_error=meas["step"] / fore["step"] - 1, interval=band,
                inside=None if band is None else band[0] <= meas["step"] <= band[1], remedy=None)
-    if compressed and meas["step"] > result.baseline_step_seconds:
+    if compressed and meas["step"] > dense:
         out["remedy"] = (f"the compressed step measured {1e3 * meas['step']:.1f} ms, slower than the forecast dense "
-                         f"step ({1e3 * result.baseline_step_seconds:.1f} ms): calibrate this machine (`lioncub demo` "
+                         f"step ({1e3 * dense:.1f} ms): calibrate this machine (`lioncub demo` "
                          f"or `lioncub calibrate`), or choose another method (`lioncub autotune`)")
     return out
 
 
-def format_comparison(c: dict) -> str:
-    lines = ["  forecast vs measured (per step):"]
+def format_comparison(c: dict, when: str = "per step") -> str:
+    lines = [f"  forecast vs measured ({when}):"]
     for r in c["rows"]:
         lines.append(f"    {r['component']:<22} measured {1e3 * r['measured']:8.1f} ms   forecast "
                      f"{1e3 * r['forecast']:8.1f} ms   {1e3 * r['difference']:+8.1f} ms")
@@ -61,4 +82,5 @@ def format_comparison(c: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["compare", "format_comparison", "forecast_components", "measured_components"]
+__all__ = ["compare", "compare_components", "forecast_components", "forecast_of", "format_comparison",
+           "measured_components", "so_far"]

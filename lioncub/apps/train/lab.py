@@ -37,7 +37,9 @@ def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, pr
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=bandwidth) as new_lab:
             return train_on_lab(cfg, ranks, bandwidth, ranks_per_host, progress, new_lab, timeout, compute_seconds,
                                 profile)
-    argv = [sys.executable, "-m", "lioncub.apps.train.lab", json.dumps(dataclasses.asdict(cfg)), str(int(progress))]
+    early = _early_forecast(cfg, ranks, lab.rate_bps, ranks_per_host, compute_seconds, profile)
+    argv = [sys.executable, "-m", "lioncub.apps.train.lab", json.dumps(dataclasses.asdict(cfg)), str(int(progress)),
+            json.dumps(early)]
     results = lab.run(argv, ranks=ranks, timeout=timeout, stream_rank0=progress)
     link = link_per_step([r.result.get("link") for r in results if r.result])
     summary = results[0].result
@@ -53,6 +55,20 @@ def train_on_lab(cfg, ranks: int, bandwidth="1Gbit", ranks_per_host: int = 1, pr
 
         summary["forecast"] = compare(summary, p, cfg.configuration.compressed)
     return summary
+
+
+def _early_forecast(cfg, ranks, rate, ranks_per_host, compute_seconds, profile) -> dict | None:
+    """The forecast rank 0 compares its first steps with (forecast.forecast_of), where the compute time is known
+    before the run; None otherwise."""
+    from lioncub.apps.train.forecast import forecast_of
+    from lioncub.apps.train.loop import build
+    from lioncub.apps.train.models import count_params
+
+    if compute_seconds is None:
+        return None
+    p = prediction(cfg, {"params": count_params(build(cfg)[0])}, ranks, rate, ranks_per_host, compute_seconds,
+                   profile)
+    return None if p is None else forecast_of(p)
 
 
 def link_per_step(windows: list[dict | None]) -> dict:
@@ -94,13 +110,17 @@ def _rank_main() -> None:
 
     cfg = TrainConfig.from_dict(json.loads(sys.argv[1]))
     progress = len(sys.argv) > 2 and sys.argv[2] == "1"
+    early = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     rank, _ = init_distributed(backend="gloo", timeout=300)
     first = 2 if cfg.steps > 4 else 1  # the last untimed step (train.loop.summarize times records[2:])
-    reads = {}
+    reads, seen = {}, []
 
     def on_step(record):
         if os.environ.get("LOCAL_RANK") == "0" and record["step"] in (first, cfg.steps):
             reads[record["step"]] = link_counters()
+        seen.append(record)
+        if early and rank == 0 and record["step"] == min(EARLY_STEPS, cfg.steps):
+            _report_early(seen, early, cfg.configuration.compressed)
 
     summary = train(cfg, progress=progress and rank == 0, on_step=on_step)
     if rank:
@@ -115,6 +135,16 @@ def _rank_main() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+EARLY_STEPS = 8  # rank 0 compares its first steps with the forecast after this many
+
+
+def _report_early(records, forecast, compressed) -> None:
+    from lioncub.apps.train.forecast import compare_components, format_comparison, so_far
+
+    c = compare_components(so_far(records), forecast, compressed)
+    print(format_comparison(c, f"first {len(records)} steps"), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
