@@ -38,7 +38,7 @@ from lioncub.simulator.hosts import HostModel
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
 UPDATE_BUCKETS = 4  # the Lion update is timed on 4 buckets' worth: the whole model's, out of the caches
-SPEC = dict(update_buckets=UPDATE_BUCKETS, compute_steps=8, calls=30, codec_window=3.0, sizes=list(SIZES))
+SPEC = dict(update_buckets=UPDATE_BUCKETS, compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
 
 
 def cores() -> int:

@@ -12,7 +12,7 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
    (the compute steps inside that window are timed too), then the same all-reduces.
 
 A collective's time is the slowest rank's mean over a loop of calls (consecutive all-reduces keep the
-ranks in step). hostfit.py turns the figures into a HostModel and the held-out residuals.
+ranks in step), the least of three passes. hostfit.py turns the figures into a HostModel and the held-out residuals.
 """
 
 from __future__ import annotations
@@ -44,20 +44,24 @@ def _timed(fn, n: int) -> list[float]:
     return out
 
 
-def _collectives(sizes, calls: int) -> dict:
-    """Mean seconds per all-reduce of each size (bytes), over `calls` calls after one warm-up call."""
+def _collectives(sizes, calls: int, rounds: int = 3) -> dict:
+    """Seconds per all-reduce of each size (bytes): the mean over a loop of calls (after one warm-up call), the
+    least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
+    on a shared machine hits one pass of a probe, not all of them)."""
     import torch
     import torch.distributed as dist
 
     out = {}
-    for size in sizes:
-        t = torch.zeros(max(1, int(size) // 4))
-        dist.all_reduce(t)
-        n = calls if size < 2**20 else max(3, calls // 6)
-        t0 = time.perf_counter()
-        for _ in range(n):
+    for k in range(rounds):
+        for size in (sizes if k % 2 == 0 else list(reversed(sizes))):
+            t = torch.zeros(max(1, int(size) // 4))
             dist.all_reduce(t)
-        out[str(int(size))] = (time.perf_counter() - t0) / n
+            n = calls if size < 2**20 else max(3, calls // 6)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dist.all_reduce(t)
+            key = str(int(size))
+            out[key] = min(out.get(key, float("inf")), (time.perf_counter() - t0) / n)
     return out
 
 
