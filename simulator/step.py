@@ -169,7 +169,7 @@ def simulate_step(
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
-    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host))["step"]
+    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host, compute))["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
@@ -188,12 +188,12 @@ def simulate_step(
     )
 
 
-def _the_step(ex, meth, buckets, P, times, overlap, K, host) -> dict:
+def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute) -> dict:
     """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py)."""
     if host is not None:
         return _contended(ex, meth, buckets, times, overlap, K, host)
     t = _communicate(ex, meth, buckets, P, times, overlap, K)
-    return dict(t, step=_step_seconds(times["fwd"] + times["bwd"], t["tail"], times["optimizer"]))
+    return dict(t, step=_step_seconds(compute, t["tail"], times["optimizer"]))
 
 
 def interval(value: float, error) -> tuple[float, float] | None:
