@@ -100,3 +100,11 @@ def test_host_command_refuses_a_machine_of_one_rank(capsys, tmp_path):
     assert main(["host", "--ranks", "1", "--output", str(tmp_path / "h.json")]) == 2
     err = capsys.readouterr().err
     assert "--ranks must be at least 2" in err and err.count("\n") == 1
+
+
+def test_no_loopback_speed_is_taken_from_probes_that_do_not_show_one():
+    profile = get_profile("gloo")
+    raw = _raw_from(HostModel(cores=2.0, shared_by="cluster", call_cpu=2e-4, byte_cpu=5e-10), 4, profile)
+    raw["idle"][str(SIZES[-1])] = raw["idle"][str(wire.CONTROL.nbytes)]  # noise: 2 MiB as fast as 24 B
+    host, _ = fit_host(raw, profile)
+    assert host.intra_bandwidth is None and host.byte_cpu == 0.0

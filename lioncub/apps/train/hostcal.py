@@ -127,9 +127,11 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     call_cpu = raw["idle"][small] * share
     moved = 2.0 * wire.bus_factor("allreduce", R) * SIZES[-1]
     byte_cpu = max(0.0, raw["idle"][big] * share - call_cpu) / moved
-    wire_s = max(1e-9, raw["idle"][big] - raw["idle"][small])
+    wire_s = raw["idle"][big] - raw["idle"][small]
+    # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
+    intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
-                     intra_bandwidth=8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s)
+                     intra_bandwidth=intra)
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
 
