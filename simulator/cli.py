@@ -178,7 +178,7 @@ def _step_kwargs(args) -> dict:
 
 def _step(args) -> int:
     from .step import simulate_step
-    from .units import format_size, format_time
+    from .units import format_size, format_speedup, format_time
 
     cluster = _cluster(args, args.ranks)
     profile = _profile(args)
@@ -195,9 +195,11 @@ def _step(args) -> int:
                     ("  of which momentum sync", r.momentum_sync_seconds),
                     ("exposed communication", r.exposed_communication_seconds)):
         print(f"  {name:<26}{format_time(v):>12}")
-    print(f"  {'step':<26}{format_time(r.step_seconds):>12}")
+    print(f"  {'step':<26}{format_time(r.step_seconds):>12}"
+          + (f"  ({format_time(r.step_interval[0])} - {format_time(r.step_interval[1])})" if r.step_interval else ""))
     print(f"  {'fp32 allreduce baseline':<26}{format_time(r.baseline_step_seconds):>12}")
-    print(f"  speedup {r.speedup:.2f}x, sent per rank per step {format_size(r.bytes_sent_per_rank)}, "
+    print(f"  speedup {format_speedup(r.speedup, r.speedup_interval)}, sent per rank per step "
+          f"{format_size(r.bytes_sent_per_rank)}, "
           f"out of each node's NIC {format_size(r.nic_bytes_per_node)}")
     for c in r.collectives:
         print(f"    {c['count']:>4} x {c['what']} ({c['algorithm']}) {format_size(c['size_bytes'])}: "

@@ -34,6 +34,7 @@ from lioncub import methods
 from lioncub.files import read_json
 
 from .algorithm import PRIMITIVES
+from .hosts import HostModel
 from .registry import ALL_ALGORITHMS, library_algorithms
 
 # Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
@@ -105,6 +106,16 @@ class BackendProfile:
     codec_on_compute: the codec kernels run on the cores that compute (CPU ranks, whose forward and
         backward keep every core busy): their time adds to the compute instead of overlapping it, and an
         overlapped step hides only the communication. False: a GPU, whose codec runs on a side stream.
+        A profile with a `host` models this (and more) as contention instead: the field is then unused.
+    host: the ranks' own devices and what sharing them costs (simulator/hosts.py `HostModel`, as a dict:
+        cores, shared_by, background, wake, call_cpu, byte_cpu, intra_bandwidth, intra_latency), measured by
+        lioncub.apps.train.hostcal (`lioncub demo` and `bench train` run it). With it `simulate_step` runs the
+        step as processes on shared devices (contention.py), `codec_bandwidth` is each kernel's speed on one
+        device alone, and the host's transport replaces the cluster's intra-node link. None: devices not
+        shared (the analytic step model).
+    forecast_error: [low, high], the spread of measured / predicted - 1 over the calibration's held-out
+        probes (their least and greatest, 0 always inside): every forecast made with this profile carries the interval
+        forecast x (1 + low) .. forecast x (1 + high). None: no interval.
     """
 
     name: str = "custom"
@@ -123,6 +134,8 @@ class BackendProfile:
     rendezvous_stagger: float = 0.0
     codec_bandwidth: dict[str, float] = field(default_factory=dict)
     codec_on_compute: bool = False
+    host: dict | None = None
+    forecast_error: list[float] | None = None
 
     def __post_init__(self):
         self.validate()
@@ -130,6 +143,10 @@ class BackendProfile:
     # ---- derived --------------------------------------------------------------------------------------
     def family_efficiency(self, family: str) -> float:
         return float(self.efficiency.get(family, 1.0))
+
+    def host_model(self) -> HostModel | None:
+        """The `host` field as a HostModel (None: devices not shared)."""
+        return None if self.host is None else HostModel.from_dict(self.host)
 
     @property
     def gamma(self) -> float:
@@ -140,6 +157,20 @@ class BackendProfile:
         return list(self.algorithms.get(op, ALL_ALGORITHMS.get(op, [])))
 
     # ---- checks ---------------------------------------------------------------------------------------
+    def _validate_host(self) -> None:
+        """The `host` and `forecast_error` fields (issue 27)."""
+        if self.host is not None:
+            try:
+                HostModel.from_dict(self.host)
+            except ValueError as exc:
+                raise ValueError(f"profile {self.name!r}: {exc}") from None
+        fe = self.forecast_error
+        if fe is not None and not (isinstance(fe, (list, tuple)) and len(fe) == 2
+                                   and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in fe)
+                                   and -1 < fe[0] <= 0 <= fe[1]):
+            raise ValueError(f"profile {self.name!r}: forecast_error must be [low, high] with -1 < low <= 0 <= high, "
+                             f"got {fe!r}")
+
     def validate(self) -> BackendProfile:
         def positive(name, v, allow_none=False):
             if v is None and allow_none:
@@ -178,6 +209,7 @@ class BackendProfile:
                 raise ValueError(f"profile {self.name!r}: unknown kernel {key!r} in codec_bandwidth; "
                                  f"choose from {', '.join(CODEC_KERNELS)}")
             positive(f"codec_bandwidth[{key!r}]", v)
+        self._validate_host()
         if isinstance(self.channels, bool) or not isinstance(self.channels, int) or self.channels < 1:
             raise ValueError(f"profile {self.name!r}: channels must be a positive integer, got {self.channels!r}")
         if not isinstance(self.algorithms, dict):

@@ -38,12 +38,14 @@ parameter (an upper bound: each rank updates the momentum of its shard only).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from lioncub import methods
 from lioncub.comm import wire
 
+from . import contention
 from .cluster import Cluster
 from .collectives import (
     ALGORITHMS,
@@ -55,6 +57,7 @@ from .collectives import (
     simulate_collective,
     simulate_collectives,
 )
+from .hosts import HostModel
 from .profiles import get_profile
 from .results import CollectiveResult
 from .units import parse_byte_rate, parse_count, parse_time
@@ -99,6 +102,12 @@ class StepResult:
     hierarchical: bool = False
     node_size: int = 1  # G, the ranks per node of the hierarchical layout (1: flat)
     nic_bytes_per_node: float = 0.0  # payload bytes leaving each node's NIC per step (CollectiveResult's)
+    # with a profile's host (contention.py): the simulated phases of the step on the shared devices (seconds:
+    # compute = forward + backward as they ran, codec, comm, exposed, update, msync; host: the HostModel)
+    contention: dict | None = None
+    # with a profile's forecast_error: the step and the speedup the measurement should fall between
+    step_interval: tuple[float, float] | None = None
+    speedup_interval: tuple[float, float] | None = None
 
     @property
     def seconds(self) -> float:
@@ -151,32 +160,107 @@ def simulate_step(
         raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
-    profile = get_profile(backend)
-    cache = cache if cache is not None else Cache()
-    G = cluster.gpus_per_node if hierarchical else 0
-    spec = _step_spec(algorithm)
+    profile, cache = get_profile(backend), cache if cache is not None else Cache()
+    cluster, host = _host_transport(cluster, profile)
+    G, spec = (cluster.gpus_per_node if hierarchical else 0), _step_spec(algorithm)
     # 1. what the buckets, the control message and the momentum sync cost on the wire, each simulated once
     ex = _Exchanges(cluster, profile, meth, spec, cache, exact, levels, grad_dtype, G)
     # 2. the kernels: forward, backward, codec, Lion update
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
-    # 3. the step: the buckets' exchanges against backward, and what outlasts it
+    # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
-    t = _communicate(ex, meth, buckets, P, times, overlap, K)
-    step = _step_seconds(compute, t["tail"], times["optimizer"])
+    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host, compute))["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
         base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
                                              cache, exact)
+    speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
     return StepResult(
-        hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"],
+        hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"], contention=t.get("contention"),
+        step_interval=interval(step, err), speedup_interval=_baseline and ratio_interval(speedup, err) or None,
         method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
         compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
-        speedup=base_step / step if step > 0 else math.inf, momentum_sync=K, buckets=sum(k for _, k in buckets),
+        speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict,
     )
+
+
+def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute) -> dict:
+    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py)."""
+    if host is not None:
+        return _contended(ex, meth, buckets, times, overlap, K, host)
+    t = _communicate(ex, meth, buckets, P, times, overlap, K)
+    return dict(t, step=_step_seconds(compute, t["tail"], times["optimizer"]))
+
+
+def interval(value: float, error) -> tuple[float, float] | None:
+    """Where a measurement of a forecast `value` should fall, from a calibration's held-out error band
+    [low, high] (measured / predicted - 1): value x (1 + low) .. value x (1 + high)."""
+    if error is None or not math.isfinite(value):
+        return None
+    return value * (1 + error[0]), value * (1 + error[1])
+
+
+def ratio_interval(value: float, error) -> tuple[float, float] | None:
+    """The band of a ratio of two forecasts (a speedup) made with one calibration: each forecast's error
+    taken as independent, their log-widths add in quadrature around the ratio."""
+    if error is None or not math.isfinite(value):
+        return None
+    half = math.sqrt(2) * (math.log1p(error[1]) - math.log1p(error[0])) / 2
+    return value * math.exp(-half), value * math.exp(half)
+
+
+def _host_transport(cluster: Cluster, profile) -> tuple[Cluster, HostModel | None]:
+    """(the cluster with the host's own transport between ranks of one host where the profile's host model has
+    one, that host model or None)."""
+    host = profile.host_model()
+    if host is None or host.intra_bandwidth is None:
+        return cluster, host
+    latency = cluster.intra_latency if host.intra_latency is None else host.intra_latency
+    return dataclasses.replace(cluster, intra_bandwidth=host.intra_bandwidth, intra_latency=latency), host
+
+
+def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
+    """The step on shared devices (contention.py): the representative rank's processes on its host's cores."""
+    N, G = ex.N, ex.G
+    weight = host.ranks_per_host(N, ex.cluster.gpus_per_node)
+    probed = ex.probed(contention.HOP_PROBE)
+    work = dict(fwd=contention.compute_work(host, weight, times["fwd"]),
+                bwd=contention.compute_work(host, weight, times["bwd"]), optimizer=times["optimizer"])
+    plan, sent, nic, colls = [], 0.0, 0.0, []
+    for e, k in buckets:
+        calls = []
+        if N > 1:
+            r, alg, size = ex.bucket(e)
+            calls = contention.calls_of(r, probed.bucket(e)[0], ex.meth.name, size, N, G)
+            sent, nic = sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
+            _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
+        plan += [(e, times["codec_bytes"](e) / times["codec_bw"], calls)] * k
+    control = None
+    if not meth.dense and N > 1:
+        control = contention.control_call(ex, probed, N)
+        r = ex.control()
+        sent, nic = sent + r.bytes_sent_per_rank, nic + r.nic_bytes_per_node
+        _tally(colls, CONTROL, r.algorithm, wire.CONTROL.nbytes, r.seconds)
+    sync = []
+    if K is not None and N > 1 and not meth.dense:
+        for e, k in buckets:
+            r = ex.momentum_sync(e)
+            sync += contention.calls_of(r, probed.momentum_sync(e), MOMENTUM_SYNC, 4 * e, N, G) * k
+            sent, nic = sent + k * r.bytes_sent_per_rank / K, nic + k * r.nic_bytes_per_node / K
+            _tally(colls, MOMENTUM_SYNC, r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
+    sim = contention.StepSim(host, weight, work, plan, control, sync, overlap and N > 1)
+    out = sim.run()
+    msync = out["msync"] / K if K else 0.0
+    step = out["step"] + msync
+    # as the analytic model counts it: without overlap the codec after backward is not communication
+    exposed = out["exposed"] - (0.0 if overlap and N > 1 else out["codec"])
+    return dict(step=step, codec=out["codec"], comm=out["comm"] - out["msync"] + msync,
+                exposed=exposed + msync, msync=msync, sent=sent, nic=nic, collectives=colls,
+                contention=dict(out, host=host.to_dict(), ranks_per_host=weight))
 
 
 def _step_seconds(compute: float, tail: list[float], optimizer: float) -> float:
@@ -228,6 +312,14 @@ class _Exchanges:
             self.memo["control"] = simulate_collective(self.cluster, c.op, self.spec.get(c.op, "auto"), c.nbytes,
                                                        self.profile, cache=self.cache, exact=self.exact)
         return self.memo["control"]
+
+    def probed(self, extra_latency: float) -> _Exchanges:
+        """The same exchanges on the cluster with `extra_latency` on every link (contention.py counts the
+        latencies on each collective's critical path from the difference)."""
+        c = self.cluster
+        twin = dataclasses.replace(c, latency=c.latency + extra_latency, intra_latency=c.intra_latency + extra_latency)
+        return _Exchanges(twin, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
+                          self.grad_dtype, self.G)
 
     def momentum_sync(self, e: int) -> CollectiveResult:
         """The fp32 momentum average of a bucket of e parameters (of its shard, in the hierarchical layout)."""

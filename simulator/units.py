@@ -140,3 +140,13 @@ def format_time(seconds: float) -> str:
     if seconds >= 1e-3:
         return f"{seconds * 1e3:.4g} ms"
     return f"{seconds * 1e6:.4g} us"
+
+
+def format_speedup(x: float, band=None) -> str:
+    """'8.13x', or with the forecast's interval '8.13x (7.20-8.90x)'."""
+    return f"{x:.2f}x" + (f" ({band[0]:.2f}-{band[1]:.2f}x)" if band else "")
+
+
+def format_ms(seconds: float, band=None) -> str:
+    """'223.3 ms', or with the forecast's interval '223.3 ms (201.0-245.6)'."""
+    return f"{1e3 * seconds:.1f} ms" + (f" ({1e3 * band[0]:.1f}-{1e3 * band[1]:.1f})" if band else "")

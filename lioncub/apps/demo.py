@@ -5,8 +5,11 @@ documentation by 4 ranks whose links run at 100 Mbit/s, small per-rank batches s
 communication-bound. As root the ranks run on the emulated Ethernet lab (one network namespace per rank,
 tbf-shaped veth links); otherwise on local Gloo ranks over loopback, and the demo says so.
 
-1. measure compute (forward + backward with 4 processes at once on this machine);
-2. simulate every method with the bundled lab calibration, against what users run today: torch DDP + Lion;
+1. measure this machine (train/hostcal.py, ~30 s): compute with every rank computing, the codec alone and
+   beside compute, a collective's fixed cost idle and under compute, loopback speed; and the held-out
+   probes whose residuals give every forecast its interval;
+2. simulate every method with the bundled lab calibration of the network and the measured host (the ranks
+   sharing this machine's cores), against what users run today: torch DDP + Lion;
 3. autotune: the fastest configuration within the default convergence-risk bound;
 4. train ddp+lion, LionCub's allreduce and the chosen configuration, and print predicted against measured.
 """
@@ -40,13 +43,12 @@ def run(args) -> int:
     """The four steps of the module's docstring, each in its function."""
     import json
 
-    from lioncub.apps.calibrate import default_lab_profile
     from lioncub.apps.lab import missing_privileges
     from lioncub.apps.train.configs import DDP_LION
-    from lioncub.apps.train.loop import TrainConfig, build, measure_compute
+    from lioncub.apps.train.loop import TrainConfig, build
     from lioncub.apps.train.models import count_params
     from lioncub.simulator import Cluster
-    from lioncub.simulator.units import format_rate, format_time, parse_rate
+    from lioncub.simulator.units import format_rate, parse_rate
 
     rate = parse_rate(args.bandwidth)
     missing = missing_privileges()
@@ -56,11 +58,10 @@ def run(args) -> int:
     say(f"lioncub demo: {base_cfg.model} ({params / 1e6:.2f}M parameters) on Python's docs, {args.ranks} ranks, "
         f"{format_rate(rate)} links, batch {base_cfg.batch_size} x {base_cfg.block_size} tokens per rank")
 
-    say("\n1. compute: forward + backward with every rank computing at once on this machine")
-    compute = measure_compute(base_cfg, args.ranks)
-    say(f"   {format_time(compute)} per step")
-
-    cluster, profile = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0), default_lab_profile()
+    say("\n1. measure this machine: compute with every rank computing, codec, collectives idle and under compute")
+    profile, host = _measure(base_cfg, args.ranks)
+    compute = host["compute_seconds"]
+    cluster = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0)
     _simulate(cluster, profile, params, compute)
     best = _autotune(cluster, profile, params, compute, args.steps)
     chosen = TrainConfig(**SCENARIO, method=best.method, steps=args.steps, levels=best.levels,
@@ -74,12 +75,30 @@ def run(args) -> int:
     lioncub_allreduce = dataclasses.replace(base_cfg, method=methods.BASELINE)
     # the chosen configuration, unless it is the baseline method that lioncub_allreduce trains already
     cfgs = [base_cfg, lioncub_allreduce] + ([chosen] if chosen.configuration.compressed else [])
-    runs = _train(cfgs, args, rate, on_lab, compute)
+    runs = _train(cfgs, args, rate, on_lab, compute, profile)
     say()
     say(table(runs, on_lab))
     if args.json:
         say(json.dumps(runs, indent=2))
     return 0
+
+
+def _measure(cfg, ranks: int):
+    """Step 1: the host calibration (lioncub.apps.train.hostcal) over the bundled network calibration."""
+    from lioncub.apps.train.hostcal import calibrate_host
+
+    profile, rep = calibrate_host(cfg, ranks)
+    h, lo_hi = rep["host"], rep["forecast_error"]
+    say(f"   compute {1e3 * rep['compute_seconds']:.1f} ms per step with {ranks} ranks on {h['cores']:g} cores "
+        f"(background {h['background']:.1f} runnable jobs); codec beside compute "
+        f"{rep['raw']['codec_busy'] / rep['raw']['alone'][rep['raw']['busy_method']]:.1f}x slower than alone")
+    loopback = (f"{h['intra_bandwidth'] / 1e9:.1f} Gbit/s" if h["intra_bandwidth"]
+                else "not measurable (2 MiB as fast as 24 bytes: noise)")
+    say(f"   collective CPU {1e6 * h['call_cpu']:.0f} us per call + {1e9 * h['byte_cpu']:.2f} ns per byte; wake-up "
+        f"wait {1e6 * h['wake']:.0f} us per latency under compute; loopback {loopback}")
+    say(f"   held-out probes: {', '.join(f'{k} {v:+.0%}' for k, v in rep['held_out'].items())}")
+    say(f"   forecasts below carry the interval {lo_hi[0]:+.0%} .. {lo_hi[1]:+.0%}")
+    return profile, rep
 
 
 def _simulate(cluster, profile, params: int, compute: float) -> None:
@@ -88,17 +107,22 @@ def _simulate(cluster, profile, params: int, compute: float) -> None:
     from lioncub.apps.train.predict import DDP_BUCKET_MB
     from lioncub.comm.wire import auto_bucket_mb
     from lioncub.simulator import simulate_step
-    from lioncub.simulator.units import format_time
+    from lioncub.simulator.step import ratio_interval
+    from lioncub.simulator.units import format_ms, format_speedup, format_time
 
-    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; every method overlaps backward)")
+    say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; the ranks share this machine's "
+        "cores as measured; every method overlaps backward)")
     base = simulate_step(cluster, methods.BASELINE, params, None, DDP_BUCKET_MB, compute, backend=profile)
     bucket_mb = auto_bucket_mb(4 * params)
-    say(f"   {'method':16s} {'step':>10s} {'exposed':>10s} {'speedup':>8s} {'sent/step':>10s}")
+    say(f"   {'method':16s} {'step (interval)':>26s} {'exposed':>10s} {'speedup (interval)':>22s} {'sent/step':>10s}")
     rows = {DDP_LION.name: base} | {m: simulate_step(cluster, m, params, None, bucket_mb, compute, backend=profile)
                                     for m in methods.NAMES}
     for name, r in rows.items():
-        say(f"   {name:16s} {format_time(r.step_seconds):>10s} {format_time(r.exposed_communication_seconds):>10s} "
-            f"{base.step_seconds / r.step_seconds:7.2f}x {r.bytes_sent_per_rank / 1e6:8.3f} MB")
+        x = base.step_seconds / r.step_seconds
+        band = ratio_interval(x, profile.forecast_error)
+        say(f"   {name:16s} {format_ms(r.step_seconds, r.step_interval):>26s} "
+            f"{format_time(r.exposed_communication_seconds):>10s} {format_speedup(x, band):>22s} "
+            f"{r.bytes_sent_per_rank / 1e6:8.3f} MB")
     say(f"   {DDP_LION.name} spends {r_frac(base):.0%} of its step waiting for communication")
 
 
@@ -117,6 +141,12 @@ def _autotune(cluster, profile, params: int, compute: float, steps: int):
                     momentum_syncs=[s for s in default_schedules(planned) if s != "adaptive"])
     best, verdict = recommend(result)
     say(f"   {verdict}")
+    if best is not None and profile.forecast_error:
+        from lioncub.simulator.step import ratio_interval
+        from lioncub.simulator.units import format_speedup
+
+        band = ratio_interval(best.speedup, profile.forecast_error)
+        say(f"   forecast speedup of its step: {format_speedup(best.speedup, band)}")
     return best
 
 
@@ -124,7 +154,7 @@ def r_frac(r) -> float:
     return r.exposed_communication_seconds / r.step_seconds
 
 
-def _train(cfgs, args, rate, on_lab, compute) -> list[dict]:
+def _train(cfgs, args, rate, on_lab, compute, profile) -> list[dict]:
     from lioncub.apps.train.loop import train_local
 
     out = []
@@ -134,8 +164,9 @@ def _train(cfgs, args, rate, on_lab, compute) -> list[dict]:
 
         with Lab(ranks=args.ranks, bandwidth=rate) as lab:
             for cfg in cfgs:
-                s = train_on_lab(cfg, args.ranks, rate, progress=sys.stderr.isatty(), lab=lab, compute_seconds=compute)
-                out.append(_row(cfg, s))
+                s = train_on_lab(cfg, args.ranks, rate, progress=sys.stderr.isatty(), lab=lab, compute_seconds=compute,
+                                 profile=profile)
+                out.append(dict(_row(cfg, s), forecast_error=profile.forecast_error))
                 say(f"   {_label(cfg):34s} step {1e3 * s['mean_step_seconds']:8.1f} ms (predicted "
                     f"{1e3 * s['predicted_step_seconds']:.1f})  eval loss {s['final_loss']:.4f}")
     else:
@@ -160,19 +191,27 @@ def _row(cfg, s) -> dict:
 
 
 def table(runs: list[dict], on_lab: bool) -> str:
+    """Measured against predicted, each prediction with its interval; the speedups against the first row."""
+    from lioncub.simulator.step import interval, ratio_interval
+    from lioncub.simulator.units import format_speedup
+
     base = runs[0]
-    head = (f"{'configuration':34s} {'eval loss':>9s} {'step ms':>8s} {'predicted':>9s} {'error':>7s} "
-            f"{'speedup':>8s} {'pred.':>6s} {'kB/step':>9s}")
+    head = (f"{'configuration':34s} {'eval loss':>9s} {'step ms':>8s} {'predicted (interval)':>24s} {'error':>6s} "
+            f"{'speedup':>8s} {'predicted (interval)':>22s} {'kB/step':>9s}")
     rows = [head, "-" * len(head)]
     for r in runs:
-        pred = r["predicted_step_seconds"]
-        err = f"{pred / r['mean_step_seconds'] - 1:+.0%}" if pred else "-"
-        pred_ms = f"{1e3 * pred:9.1f}" if pred else f"{'-':>9s}"
-        base_pred = base["predicted_step_seconds"]
-        pred_x = f"{base_pred / pred:5.2f}x" if pred and base_pred else "     -"
-        rows.append(f"{r['config']:34s} {r['final_loss']:9.4f} {1e3 * r['mean_step_seconds']:8.1f} {pred_ms} "
-                    f"{err:>7s} {base['mean_step_seconds'] / r['mean_step_seconds']:7.2f}x {pred_x} "
-                    f"{r['bytes_per_step'] / 1e3:9.1f}")
+        pred, base_pred, err = r["predicted_step_seconds"], base["predicted_step_seconds"], r.get("forecast_error")
+        x = base["mean_step_seconds"] / r["mean_step_seconds"]
+        pred_ms, pred_x, e = "-", "-", "-"
+        if pred:
+            band = interval(pred, err)
+            pred_ms = f"{1e3 * pred:.1f}" + (f" ({1e3 * band[0]:.1f}-{1e3 * band[1]:.1f})" if band else "")
+            e = f"{pred / r['mean_step_seconds'] - 1:+.0%}"
+        if pred and base_pred:
+            px = base_pred / pred
+            pred_x = format_speedup(px, ratio_interval(px, err) if r is not base else None)
+        rows.append(f"{r['config']:34s} {r['final_loss']:9.4f} {1e3 * r['mean_step_seconds']:8.1f} {pred_ms:>24s} "
+                    f"{e:>6s} {x:7.2f}x {pred_x:>22s} {r['bytes_per_step'] / 1e3:9.1f}")
     if not on_lab:
         rows.append("(local run: no predictions; the loopback network is not the scenario's link)")
     return "\n".join(rows)

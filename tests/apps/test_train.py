@@ -105,6 +105,9 @@ def test_demo_runs_end_to_end(capsys):
     out = capsys.readouterr().out
     assert "4. train 3 steps each on the emulated Ethernet lab" in out
     assert "predicted" in out and "allreduce" in out
+    # the machine is measured first, and every forecast carries the interval of the held-out probes
+    assert "1. measure this machine" in out and "forecasts below carry the interval" in out
+    assert "held-out probes:" in out
 
 
 

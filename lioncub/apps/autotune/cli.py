@@ -341,11 +341,19 @@ def _pilot(say, args, st: _Setup, result: SearchResult) -> dict:
     return pilot
 
 
-def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None) -> None:
+def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None, error=None) -> None:
+    """The verdict and the recommended configuration; with a calibration's `error` band (the profile's
+    forecast_error) its step and speedup carry their intervals."""
+    from lioncub.simulator.step import interval, ratio_interval
+    from lioncub.simulator.units import format_speedup
+
     say(f"verdict: {verdict}")
     if rec is None:
         return
-    say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}/step ({rec.speedup:.2f}x), "
+    band = interval(rec.step_seconds, error)
+    within = f" ({format_time(band[0])}-{format_time(band[1])})" if band else ""
+    say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}{within}/step "
+        f"({format_speedup(rec.speedup, ratio_interval(rec.speedup, error))}), "
         f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
     say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
         + ")")
@@ -391,7 +399,7 @@ def run(args) -> int:
                            lr=args.lr, calibration=args.calibration, backend=st.backend)
         if pilot is not None:
             cfg["pilot"] = pilot_to_dict(pilot)
-    _report_recommendation(say, verdict, rec, cfg)
+    _report_recommendation(say, verdict, rec, cfg, st.profile.forecast_error)
     if args.output:
         if cfg is None:
             raise ValueError("nothing to write: no configuration is within --max-risk")

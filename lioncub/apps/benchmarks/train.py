@@ -79,7 +79,7 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
     from lioncub.apps.calibrate import default_lab_profile
     from lioncub.apps.lab import Lab
     from lioncub.apps.lab.lab import ranks_per_host_for
-    from lioncub.apps.train.loop import measure_compute
+    from lioncub.apps.train.hostcal import calibrate_host
     from lioncub.simulator.units import parse_rate
 
     runs = _runs(configs, ddp_hook)
@@ -87,12 +87,15 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
     if ranks_per_host == 1 and any(hier for _, _, hier, _ in runs):
         raise ValueError(f"{HIER} needs nodes of several ranks: give --ranks-per-host (e.g. 2)")
     wire_eff = default_lab_profile().wire_efficiency
-    compute = measure_compute(_cfg(methods.BASELINE, "none", steps, model), ranks)
+    # the host in the run's shape (every rank on this machine's cores): compute, codec, collectives under load
+    profile, host = calibrate_host(_cfg(methods.BASELINE, "none", steps, model), ranks)
+    compute = host["compute_seconds"]
+    print(f"  host: forecast interval {host['forecast_error']}, held out {host['held_out']}", file=sys.stderr)
     results, failed = [], []
     for bw in bandwidths:
         rate = parse_rate(bw)
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=rate) as lab:
-            rows = _train_rows(lab, runs, bw, rate, wire_eff, compute, failed, ranks=ranks,
+            rows = _train_rows(lab, runs, bw, rate, wire_eff, (compute, profile), failed, ranks=ranks,
                                ranks_per_host=ranks_per_host, steps=steps, model=model)
         base = _reference(rows)
         if base is None:
@@ -100,22 +103,24 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
         _compare(rows, base)
         results.append(dict(bandwidth=bw, ranks=ranks, ranks_per_host=ranks_per_host, steps=steps, rows=rows,
                             baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
-                            compute_seconds=compute,
+                            compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
+                            held_out=host["held_out"],
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
     return dict(model=model, scenario=SCENARIO, results=results, failed=failed)
 
 
-def _train_rows(lab, runs, bw, rate, wire_eff, compute, failed, *, ranks, ranks_per_host, steps, model) -> list:
-    """Each run's row at one link rate; a run the lab fails is recorded in `failed` and costs only its row."""
+def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks_per_host, steps, model) -> list:
+    """Each run's row at one link rate; a run the lab fails is recorded in `failed` and costs only its row.
+    `measured`: (compute seconds, the profile with the host calibration) the predictions use."""
     from lioncub.apps.lab import LabError
     from lioncub.apps.train.lab import train_on_lab
 
-    rows = []
+    (compute, profile), rows = measured, []
     for method, sync, hier, hooked in runs:
         try:
             s = train_on_lab(_cfg(method, sync, steps, model, hooked, hier), ranks, rate,
                              ranks_per_host=ranks_per_host, progress=sys.stderr.isatty(), lab=lab,
-                             compute_seconds=compute)
+                             compute_seconds=compute, profile=profile)
         except LabError as exc:
             print(f"  {bw} {_label(method, sync, hier)}: FAILED: {exc}", file=sys.stderr, flush=True)
             failed.append(dict(bandwidth=bw, method=method, momentum_sync=sync, hierarchical=hier,
@@ -128,6 +133,7 @@ def _train_rows(lab, runs, bw, rate, wire_eff, compute, failed, *, ranks, ranks_
         rows.append(dict(method=method, momentum_sync=sync, hierarchical=hier, ddp_hook=hooked, **{
             k: s[k] for k in ("final_loss", "step_seconds", "mean_step_seconds", "compute_seconds",
                               "codec_seconds", "comm_seconds", "bytes_per_step", "predicted_step_seconds",
+                              "predicted_step_interval",
                               "params")}, node_bytes_per_step=s.get("node_bytes_per_step", 0),
             **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
                                      "predicted_nic_bytes_per_step")},
@@ -172,6 +178,10 @@ def _or_na(value, fmt: str) -> str:
     return "n/a" if value is None else format(value, fmt)
 
 
+def _band(iv) -> str:
+    return f" ({1e3 * iv[0]:.1f}-{1e3 * iv[1]:.1f})" if iv else ""
+
+
 def format_train(res: dict) -> str:
     """The table. kB/step: what rank 0's optimizer sent per step (its own count) to ranks of other nodes (all
     of it in the flat layout; the hierarchical layout's node collectives excluded); link kB/step: what each
@@ -195,7 +205,8 @@ def format_train(res: dict) -> str:
                 f"{x['final_loss']:.4f} | {100 * x['loss_vs_baseline']:+.1f}% | {_beyond_node(x) / 1e3:.1f} | "
                 f"{100 * x['bytes_vs_fp32']:.1f}% | {_or_na(link and link / 1e3, '.1f')} | "
                 f"{_or_na(x.get('link_vs_baseline') and 100 * x['link_vs_baseline'], '.1f')}"
-                f"{'%' if x.get('link_vs_baseline') else ''} | {_or_na(pred and 1e3 * pred, '.1f')} | "
+                f"{'%' if x.get('link_vs_baseline') else ''} | {_or_na(pred and 1e3 * pred, '.1f')}"
+                f"{_band(x.get('predicted_step_interval'))} | "
                 f"{_or_na(x['prediction_error'] and 100 * x['prediction_error'], '+.1f')}"
                 f"{'%' if x['prediction_error'] is not None else ''} | {100 * x['of_limit']:.0f}% |")
     for f in res.get("failed", []):

@@ -157,7 +157,7 @@ def _median_time(fn, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
-def _method_work(method: str, n: int, world: int, rank: int, device):
+def method_work(method: str, n: int, world: int, rank: int, device):
     """The local work of one bucket of n elements as LionCub.step does it: the method's encode pipeline
     without its collectives (lioncub.methods.base.Exchange)."""
     import torch
@@ -200,7 +200,7 @@ def run_host_kernels(spec: dict, device, bar=None) -> dict:
     if bar is not None:
         bar.update(1)
     for method in spec.get("methods", CODEC_METHODS):
-        work = _method_work(method, n, world, rank, device)
+        work = method_work(method, n, world, rank, device)
         out["seconds"][method] = _median_time(lambda work=work: (work(), _sync(device)))
         if bar is not None:
             bar.update(1)

@@ -146,7 +146,11 @@ def format_summary(s: dict) -> str:
     if s.get("link_bytes_per_step") is not None:
         lines.append(f"  {s['link_bytes_per_step'] / 1e6:.3f} MB through each host's link per step (tx + rx, "
                      f"Ethernet frames; mean of {len(s['link_hosts'])} hosts, {s['link_window_steps']} steps)")
-    if s.get("predicted_step_seconds"):
+    if s.get("forecast"):
+        from lioncub.apps.train.forecast import format_comparison
+
+        lines.append(format_comparison(s["forecast"]))
+    elif s.get("predicted_step_seconds"):
         lines.append(f"  predicted step {1e3 * s['predicted_step_seconds']:.1f} ms")
     for name, ms in (s.get("collective_ms_per_step") or {}).items():
         lines.append(f"  {ms:8.1f} ms/step in {name}")

@@ -1,0 +1,187 @@
+"""Host calibration (issue 27): measure what the step model's contention needs on this machine, in the shape of
+the run, and turn it into a profile whose forecasts carry an interval.
+
+    from lioncub.apps.train.hostcal import calibrate_host
+    profile, report = calibrate_host(cfg, ranks=4)   # ~10-30 s; cfg: the run's TrainConfig
+
+What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `HostModel`; R ranks, C cores):
+
+* cores: the CPUs this process may run on;
+* compute: forward + backward per step with all R ranks computing (the step model's `compute_seconds`);
+* codec and Lion update alone (rank 0, the others waiting): the profile's `codec_bandwidth`, each kernel's
+  speed on one device;
+* `background` (other runnable work on the host): from the CPU time over the wall time of the codec alone
+  (min(1, C / (1 + b))); where that is 1, from the codec's slowdown beside every rank's compute against alone,
+  share(1) / share(2R) = (2R + b) / C under processor sharing;
+* the control message's all-reduce on idle cores: all CPU on loopback, so `call_cpu` = its time x share(R);
+* the largest all-reduce on idle cores: `byte_cpu` (CPU per byte sent and received) and `intra_bandwidth`;
+* the control message's all-reduce with every rank computing: `wake`, the wait for a core on each latency of
+  its critical path and for the last member (the contended model solved for it, hosts.py).
+
+Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
+largest under compute, the compute step while the codec runs, and the compute's second half against its
+first. Their residuals (measured / predicted - 1) give the profile's `forecast_error`, the interval on every
+step and speedup forecast made with it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import statistics
+
+from lioncub import methods
+from lioncub.comm import wire
+from lioncub.simulator import Cluster, simulate_collective
+from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective
+from lioncub.simulator.hosts import HostModel
+
+SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
+UPDATE_BUCKETS = 4  # the Lion update is timed on 4 buckets' worth: the whole model's, out of the caches
+SPEC = dict(update_buckets=UPDATE_BUCKETS, compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
+
+
+def cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit", timeout: float = 120) -> dict:
+    """The probes of hostprobe.py on `ranks` local ranks: the slowest rank's figures (compute: every rank's)."""
+    from lioncub.comm.spawn import spawn
+
+    from .hostprobe import probe
+
+    if ranks < 2:
+        raise ValueError(f"a host calibration needs at least 2 ranks, got {ranks}")
+    spec = dict(SPEC, elements=int(elements), busy_method=busy_method,
+                methods=[n for n, m in methods.REGISTRY.items() if not m.dense])
+    outs = spawn(probe, ranks, dataclasses.asdict(cfg), spec, timeout=timeout, threads=1)
+
+    def slowest(key, sub=None):
+        rows = [o[key] if sub is None else o[key][sub] for o in outs]
+        return {k: max(r[k] for r in rows) for k in rows[0]}
+
+    under = [o["busy"]["compute_under_codec"] for o in outs if o["busy"]["compute_under_codec"]]
+    return dict(ranks=ranks, cores=cores(), elements=int(elements), busy_method=busy_method,
+                update_elements=UPDATE_BUCKETS * int(elements),
+                compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
+                alone_share=outs[0]["alone"]["share"],
+                idle=slowest("idle"), busy=slowest("busy", "collectives"),
+                codec_busy=max(o["busy"]["codec"] for o in outs),
+                compute_under_codec=statistics.median(under) if under else None)
+
+
+def _share(cores_: float, background: float, jobs: float) -> float:
+    return HostModel(cores=cores_, background=background).share(jobs)
+
+
+def background_from(slowdown: float, cores_: float, ranks: int, alone_share: float = 1.0) -> float:
+    """The background jobs b on the host. `alone_share`: the CPU time over the wall time of a job running alone,
+    min(1, C / (1 + b)); below 1 it gives b directly. Otherwise (b <= C - 1) processor sharing gives a kernel
+    beside R computing ranks (2R jobs) the `slowdown` share(1) / share(2R) = (2R + b) / C against alone."""
+    if 0 < alone_share < 1 and cores_ / alone_share - 1 > cores_ - 1:
+        return cores_ / alone_share - 1
+    return min(max(0.0, slowdown * cores_ - 2 * ranks), max(0.0, cores_ - 1))
+
+
+def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
+    """An all-reduce of `nbytes` among `ranks` ranks of one host, as the step model runs it: its seconds on
+    the host's transport with idle cores, the latencies on its critical path, the bytes a member moves."""
+    cl = Cluster.for_ranks(ranks, ranks, bandwidth=1e9, latency=0.0)
+    if host.intra_bandwidth:
+        cl = dataclasses.replace(cl, intra_bandwidth=host.intra_bandwidth)
+    if host.intra_latency is not None:
+        cl = dataclasses.replace(cl, intra_latency=host.intra_latency)
+    r = simulate_collective(cl, "allreduce", "auto", nbytes, profile)
+    twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
+                               "auto", nbytes, profile)
+    hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
+    moved = 2.0 * wire.bus_factor("allreduce", ranks) * nbytes
+    return Call("probe", r.algorithm, nbytes, r.seconds, hops, ranks, moved)
+
+
+def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
+    """The `wake` for which the contended model gives the measured time of `call` under compute (bisection;
+    0 when processor sharing of its CPU work alone already explains it)."""
+    def at(w):
+        return loaded_collective(dataclasses.replace(host, wake=w), ranks, call, computing=True)
+
+    lo, hi = 0.0, max(measured, 1e-6)
+    if at(lo) >= measured:
+        return 0.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if at(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
+    """The HostModel and the codec speeds alone (kernel -> bytes/s) from measure_host's figures."""
+    R, C, n = raw["ranks"], float(raw["cores"]), raw["elements"]
+    small, big = str(wire.CONTROL.nbytes), str(SIZES[-1])
+    speeds = {m: methods.get(m).codec_bytes_per_element(R, 0, "float32") * n / t
+              for m, t in raw["alone"].items() if m != "update"}
+    speeds["update"] = 20.0 * raw["update_elements"] / raw["alone"]["update"]
+    b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
+    share = _share(C, b, R)
+    call_cpu = raw["idle"][small] * share
+    moved = 2.0 * wire.bus_factor("allreduce", R) * SIZES[-1]
+    byte_cpu = max(0.0, raw["idle"][big] * share - call_cpu) / moved
+    wire_s = raw["idle"][big] - raw["idle"][small]
+    # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
+    intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
+    host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
+                     intra_bandwidth=intra)
+    wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
+    return dataclasses.replace(host, wake=wake), speeds
+
+
+def held_out(raw: dict, profile, host: HostModel) -> dict:
+    """measured / predicted - 1 for every probe the fit did not use (see the module)."""
+    R = raw["ranks"]
+    mid, big = SIZES[0], SIZES[-1]
+    res = {}
+    for name, size, busy in (("allreduce 64 KiB idle", mid, False), ("allreduce 64 KiB under compute", mid, True),
+                             ("allreduce 2 MiB under compute", big, True)):
+        pred = loaded_collective(host, R, probe_call(profile, R, size, host), computing=busy)
+        res[name] = (raw["busy" if busy else "idle"][str(size)]) / pred - 1
+    compute = raw["compute"]
+    t_r = statistics.median(compute)
+    if raw.get("compute_under_codec"):
+        slow = host.share(R) / host.share(2 * R)
+        res["compute while the codec runs"] = raw["compute_under_codec"] / (t_r * slow) - 1
+    half = len(compute) // 2
+    if half >= 2:
+        res["compute, second half against first"] = statistics.median(compute[half:]) / \
+            statistics.median(compute[:half]) - 1
+    return res
+
+
+def error_band(residuals: dict) -> list[float]:
+    """[low, high] of measured / predicted - 1 over the held-out probes (0 always inside)."""
+    vals = list(residuals.values())
+    return [round(min(0.0, *vals), 4), round(max(0.0, *vals), 4)]
+
+
+def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None):
+    """(profile with `host`, its codec speeds alone and `forecast_error`; a report dict) for runs of `cfg` on
+    `ranks` ranks of this machine. `profile`: the network's calibration (default: the bundled lab's)."""
+    from lioncub.apps.calibrate import default_lab_profile
+
+    from .loop import build
+    from .models import count_params
+
+    profile = profile or default_lab_profile()
+    if elements is None:
+        elements = max(1, int(wire.auto_bucket_mb(4 * count_params(build(cfg)[0])) * 2**20) // 4)
+    raw = measure_host(cfg, ranks, elements)
+    host, speeds = fit_host(raw, profile)
+    residuals = held_out(raw, profile, host)
+    band = error_band(residuals)
+    out = dataclasses.replace(profile, host=host.to_dict(), codec_bandwidth=dict(profile.codec_bandwidth, **speeds),
+                              forecast_error=band, name=f"{profile.name}+host")
+    return out, dict(compute_seconds=statistics.median(raw["compute"]), host=host.to_dict(), codec_bandwidth=speeds,
+                     held_out=residuals, forecast_error=band, raw=raw)
+
+
+__all__ = ["background_from", "calibrate_host", "error_band", "fit_host", "held_out", "measure_host", "probe_call"]

@@ -1,0 +1,142 @@
+"""The rank side of a host calibration (issue 27): what the step model's contention needs, measured on R local
+Gloo ranks that share this machine as the run's ranks do (one torch thread each, as in training), in seconds.
+
+Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at once unless said:
+
+1. compute: forward + backward of the run's model, every rank computing (no communication);
+2. alone: rank 0 runs one bucket's codec for each method, and the Lion update, while the others wait (each
+   kernel's speed on one device of the host, and the CPU time it got over the wall time: its share);
+3. collectives on idle cores: all-reduces of the control message's size and of `sizes` bytes (loopback);
+4. under compute: a second thread on every rank runs forward + backward in a loop (as the main thread of a
+   training rank does while its communication thread works); the main thread runs the codec for a while
+   (the compute steps inside that window are timed too), then the same all-reduces.
+
+A collective's time is the slowest rank's mean over a loop of calls (consecutive all-reduces keep the
+ranks in step), the least of three passes. hostfit.py turns the figures into a HostModel and the held-out residuals.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from lioncub.comm import wire
+
+
+def _compute_step(cfg, model, data, rank):
+    step = [0]
+
+    def run():
+        step[0] += 1
+        x, y = data.batch(cfg.batch_size, cfg.block_size, seed=cfg.seed, rank=rank, step=step[0])
+        model.zero_grad()
+        model(x, y)[1].backward()
+    return run
+
+
+def _timed(fn, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _collectives(sizes, calls: int, rounds: int = 3) -> dict:
+    """Seconds per all-reduce of each size (bytes): the mean over a loop of calls (after one warm-up call), the
+    least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
+    on a shared machine hits one pass of a probe, not all of them)."""
+    import torch
+    import torch.distributed as dist
+
+    out = {}
+    for k in range(rounds):
+        for size in (sizes if k % 2 == 0 else list(reversed(sizes))):
+            t = torch.zeros(max(1, int(size) // 4))
+            dist.all_reduce(t)
+            n = calls if size < 2**20 else max(3, calls // 6)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                dist.all_reduce(t)
+            key = str(int(size))
+            out[key] = min(out.get(key, float("inf")), (time.perf_counter() - t0) / n)
+    return out
+
+
+def _alone(spec, rank, world) -> dict:
+    """Rank 0's codec per method and Lion update, one bucket each, the other ranks waiting (phase 2)."""
+    import torch
+    import torch.distributed as dist
+
+    from lioncub import kernels
+    from lioncub.apps.calibrate.ranks import method_work
+
+    n, out, cpu, wall = int(spec["elements"]), {}, 0.0, 0.0
+    dist.barrier()
+    if rank == 0:
+        for method in spec["methods"]:
+            work = method_work(method, n, world, rank, torch.device("cpu"))
+            work()
+            c0, w0 = time.thread_time(), time.perf_counter()
+            out[method] = statistics.median(_timed(work, 5))
+            cpu, wall = cpu + time.thread_time() - c0, wall + time.perf_counter() - w0
+        p, g, m = (torch.randn(n * spec["update_buckets"]) for _ in range(3))
+        out["update"] = statistics.median(_timed(lambda: kernels.lion_step(p, g, m, lr=1e-6, wd=0.0, beta1=0.9,
+                                                                            beta2=0.99), 5))
+    dist.barrier()
+    return dict(seconds=out, share=min(1.0, cpu / wall) if wall > 0 else 1.0)
+
+
+def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
+    """Phase 4: the codec and the collectives while a second thread computes."""
+    import torch
+
+    from lioncub.apps.calibrate.ranks import method_work
+
+    stop, steps = threading.Event(), []
+
+    def loop():
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            step()
+            steps.append((t0, time.perf_counter()))
+
+    worker = threading.Thread(target=loop, daemon=True)
+    worker.start()
+    try:
+        time.sleep(compute_s)  # let the compute loop reach its pace
+        work = method_work(spec["busy_method"], int(spec["elements"]), world, rank, torch.device("cpu"))
+        w0, count = time.perf_counter(), 0
+        while time.perf_counter() - w0 < spec["codec_window"] * compute_s:
+            work()
+            count += 1
+        w1 = time.perf_counter()
+        colls = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"])
+    finally:
+        stop.set()
+        worker.join()
+    inside = [b - a for a, b in steps if a >= w0 and b <= w1]
+    return dict(codec=(w1 - w0) / count, compute_under_codec=statistics.median(inside) if inside else None,
+                collectives=colls)
+
+
+def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
+    """Every phase of the module's docstring on this rank; the slowest rank's figures are what count."""
+    import torch.distributed as dist
+
+    from .loop import TrainConfig, build
+
+    cfg = TrainConfig.from_dict(cfg_dict)
+    model, data = build(cfg)
+    step = _compute_step(cfg, model, data, rank)
+    step()
+    dist.barrier()
+    compute = _timed(step, spec["compute_steps"])
+    alone = _alone(spec, rank, world)
+    idle = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"])
+    dist.barrier()
+    busy = _under_compute(step, spec, rank, world, statistics.median(compute))
+    dist.barrier()
+    return dict(rank=rank, compute=compute, alone=alone, idle=idle, busy=busy)

@@ -1,0 +1,166 @@
+"""The training step on shared devices (a profile with a `host`: hosts.py), as SimPy processes.
+
+One representative rank per host is simulated (the host's ranks are symmetric; every job of it counts for
+all of them on the host's `Cores`):
+
+* the main thread: forward, then backward, which makes bucket after bucket ready (in backward's order),
+  then it waits for the communication thread (the exposed communication), then the Lion update;
+* the communication thread (overlap: LionCub's thread, DDP's reducer): per bucket, once it is ready, the
+  codec (encode, on the host's devices) and the bucket's collectives one after another; then the step's
+  control message. Without overlap the main thread does the same after backward (control message first).
+
+A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
+model), plus, when the host's cores are busy as it starts, a wake-up wait on every latency of its critical
+path and the wait for the last of its members to wake up (`HostModel.wake`, `harmonic`), while its
+software path (`call_cpu` per call, `byte_cpu` per byte sent and received) runs as a job on the cores: it
+ends when both are done. Compute comes in as measured with every rank of the host computing at once
+(`compute_seconds`): its work is that time at the share each of the host's ranks had then.
+
+Every K steps the momenta are averaged after the update, one bucket after another; that time counts 1/K.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import simpy
+
+from lioncub.comm import wire
+
+from .hosts import Cores, HostModel, harmonic
+
+HOP_PROBE = 1e-6  # seconds added to every latency to count the latencies on a collective's critical path
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective call as the step model runs it."""
+
+    what: str  # how StepResult.collectives lists it
+    algorithm: str
+    size: float
+    seconds: float  # on an idle network, idle cores
+    hops: float  # latencies on its critical path (each a wait that may wake a thread)
+    members: int  # ranks that must all have entered it
+    bytes: float  # sent plus received by a member
+
+
+def calls_of(result, probed, what: str, size: float, N: int, G: int) -> list[Call]:
+    """The Calls of a CollectiveResult (a bucket's: one per part) with its twin simulated at HOP_PROBE more
+    latency (`probed`), which counts each part's latencies."""
+    parts = result.parts or [{"seconds": result.seconds, "scope": "world",
+                              "bytes_sent_per_rank": result.bytes_sent_per_rank}]
+    twins = probed.parts or [{"seconds": probed.seconds}]
+    members = {"world": N, "node": G or 1, "cross": N // G if G else N}
+    out = []
+    for part, twin in zip(parts, twins):
+        hops = max(0.0, (twin["seconds"] - part["seconds"]) / HOP_PROBE)
+        out.append(Call(what, result.algorithm, size, part["seconds"], hops, members[part.get("scope", "world")],
+                        2.0 * part["bytes_sent_per_rank"]))
+    return out
+
+
+class StepSim:
+    """One step of the representative rank (see the module). `plan[j]`: bucket j's (elements, codec work,
+    [Call]); `control`: the step's control Call or None; `sync`: the momentum-sync Calls (after the
+    update) or []."""
+
+    def __init__(self, host: HostModel, weight: int, work: dict, plan: list, control, sync: list, overlap: bool):
+        self.env = simpy.Environment()
+        self.host, self.work, self.plan = host, work, plan
+        self.control, self.sync, self.overlap = control, sync, overlap
+        self.cores = Cores(self.env, host, weight)
+        self.ready = [self.env.event() for _ in plan]
+        self.comm_done = self.env.event()
+        self.marks: dict[str, float] = {}
+        self.codec_wall = self.comm_wall = 0.0
+        self.tally: list[dict] = []
+
+    def run(self) -> dict:
+        self.env.process(self.main())
+        if self.overlap:
+            self.env.process(self.thread())
+        self.env.run()
+        m = self.marks
+        return dict(step=m["update"], compute=m["backward"], exposed=m["exposed"], update=m["update"] - m["waited"],
+                    msync=m["synced"] - m["update"], codec=self.codec_wall, comm=self.comm_wall,
+                    device_seconds=self.cores.busy)
+
+    def main(self):
+        env, work = self.env, self.work
+        yield self.cores.run(work["fwd"])
+        total = sum(e for e, _, _ in self.plan) or 1
+        for j, (e, _, _) in enumerate(self.plan):
+            yield self.cores.run(work["bwd"] * e / total)
+            self.ready[j].succeed()
+        self.marks["backward"] = env.now
+        if self.overlap:
+            yield self.comm_done
+        else:
+            yield from self.exchanges()
+        self.marks["waited"] = env.now
+        self.marks["exposed"] = env.now - self.marks["backward"]
+        yield self.cores.run(work["optimizer"])
+        self.marks["update"] = env.now
+        for c in self.sync:
+            yield from self.collective(c)
+        self.marks["synced"] = env.now
+
+    def thread(self):
+        yield from self.exchanges()
+        self.comm_done.succeed()
+
+    def exchanges(self):
+        """Each bucket's codec and collectives once it is ready, and the control message (first without
+        overlap, as step() sends it; last with overlap, at the end of backward)."""
+        if self.control is not None and not self.overlap:
+            yield from self.collective(self.control)
+        for j, (_, codec, calls) in enumerate(self.plan):
+            yield self.ready[j]
+            t0 = self.env.now
+            yield self.cores.run(codec)
+            self.codec_wall += self.env.now - t0
+            for c in calls:
+                yield from self.collective(c)
+        if self.control is not None and self.overlap:
+            yield from self.collective(self.control)
+
+    def collective(self, c: Call):
+        host, env = self.host, self.env
+        t0 = env.now
+        wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
+        net = env.timeout(c.seconds + wait)
+        cpu = self.cores.run(host.call_cpu + host.byte_cpu * c.bytes)
+        yield env.all_of([net, cpu])
+        self.comm_wall += env.now - t0
+        self.tally.append({"what": c.what, "algorithm": c.algorithm, "size_bytes": c.size, "seconds": env.now - t0})
+
+
+def loaded_collective(host: HostModel, weight: int, call: Call, computing: bool = True) -> float:
+    """Seconds of one collective `call` on a host whose `weight` ranks each also compute throughout
+    (`computing`) or are otherwise idle: the same mechanism as a step's collectives (the calibration
+    predicts its held-out probes with it)."""
+    sim = StepSim(host, weight, dict(fwd=0.0, bwd=0.0, optimizer=0.0), [], None, [], False)
+    if computing:
+        sim.cores.run(1e9)  # every rank's forward and backward, for longer than the collective
+
+    def one():
+        t0 = sim.env.now
+        yield from sim.collective(call)
+        return sim.env.now - t0
+
+    return sim.env.run(until=sim.env.process(one()))
+
+
+def compute_work(host: HostModel, weight: int, seconds: float) -> float:
+    """Device-seconds of work that took `seconds` with every one of the host's `weight` ranks computing."""
+    return seconds * host.share(weight)
+
+
+def control_call(ex, probed, N: int) -> Call:
+    r, twin = ex.control(), probed.control()
+    hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
+    return Call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, hops, N, 2.0 * r.bytes_sent_per_rank)
+
+
+__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective"]

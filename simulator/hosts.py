@@ -1,0 +1,170 @@
+"""Contention on the ranks' own devices: what a host's ranks share, and the processor-sharing server that
+shares it in the step model (contention.py).
+
+A *host* is the set of ranks that share compute devices: the cores of a CPU machine, or one GPU. Each rank's
+forward and backward, its codec kernels, its communication thread's work (the collectives' software path:
+Python, the process group, the library's threads, the kernel's TCP stack) and its optimizer update are jobs
+on the host's devices. `HostModel` holds what a calibration measures about them (all physical, none fitted to
+a training run):
+
+* `cores`: the devices' capacity in jobs that run at full speed at once: CPU cores, or for one GPU 1 plus
+  what two kernels (backward and a side stream's codec) overlap.
+* `shared_by`: which ranks share one host: "node" (the ranks of a cluster node: a CPU cluster, or a node's
+  ranks on one GPU), "cluster" (every rank on one machine: the lab's namespaces share its cores), or an
+  integer R (R ranks per GPU).
+* `background`: other work on the host, in jobs that are always runnable (another session's processes, two
+  `yes` loops: 2.0), measured from how fast the ranks compute.
+* `wake`: the seconds a thread that was waiting (for a message, for its turn in a collective) waits for a
+  core when every core of its host is busy. A collective waits that long on every wait of its critical path
+  (the latencies it strings together), and it starts when the last of its m members has woken up: the
+  expected latest of m such waits, `wake * H(m)` (H the harmonic number: the mean of the largest of m
+  exponential waits). Skew between ranks is that order statistic, so it grows with the group.
+* `call_cpu`, `byte_cpu`: CPU seconds a collective call costs each member (Python, the process group, the
+  library's threads), and per byte it sends or receives (copies and the TCP stack, loopback or NIC): jobs
+  on the host's cores while the collective runs.
+* `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
+  (loopback TCP for Gloo ranks; NVLink or PCIe for GPUs): they replace the cluster's intra-node link.
+
+`Cores` is the processor-sharing server: n runnable jobs (each counted `weight` times: the host's ranks
+are symmetric, so one representative rank is simulated for all) and `background` jobs share `capacity`,
+each running at min(1, capacity / (n * weight + background)). It uses SimPy's public API only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+import simpy
+
+SCOPES = ("node", "cluster")
+
+
+@dataclass(frozen=True)
+class HostModel:
+    """The host's devices and what the ranks' work costs on them (seconds, bytes, bits/s; see the module)."""
+
+    cores: float = 1.0
+    shared_by: str | int = "node"
+    background: float = 0.0
+    wake: float = 0.0
+    call_cpu: float = 0.0
+    byte_cpu: float = 0.0
+    intra_bandwidth: float | None = None
+    intra_latency: float | None = None
+
+    def __post_init__(self):
+        def number(name, lo=0.0, allow_none=False, positive=False):
+            v = getattr(self, name)
+            if v is None and allow_none:
+                return
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < lo \
+                    or (positive and v <= 0):
+                raise ValueError(f"host: {name} must be a {'positive' if positive else 'non-negative'} number, "
+                                 f"got {v!r}")
+
+        number("cores", positive=True)
+        for name in ("background", "wake", "call_cpu", "byte_cpu"):
+            number(name)
+        number("intra_bandwidth", allow_none=True, positive=True)
+        number("intra_latency", allow_none=True)
+        s = self.shared_by
+        if not (s in SCOPES or (isinstance(s, int) and not isinstance(s, bool) and s >= 1)):
+            raise ValueError(f"host: shared_by must be {' or '.join(map(repr, SCOPES))} or a number of ranks >= 1, "
+                             f"got {s!r}")
+
+    @classmethod
+    def from_dict(cls, data) -> HostModel:
+        if isinstance(data, HostModel):
+            return data
+        if not isinstance(data, dict):
+            raise ValueError(f"host must be an object of host fields, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"unknown host field(s): {', '.join(unknown)}; known: {', '.join(sorted(names))}")
+        return cls(**data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def ranks_per_host(self, ranks: int, gpus_per_node: int) -> int:
+        """How many of a cluster's ranks share one host's devices."""
+        if self.shared_by == "cluster":
+            return ranks
+        if self.shared_by == "node":
+            return gpus_per_node
+        return min(int(self.shared_by), ranks)
+
+    def share(self, jobs: float) -> float:
+        """The speed of each of `jobs` runnable jobs (background included separately)."""
+        n = jobs + self.background
+        return 1.0 if n <= self.cores else self.cores / n
+
+
+def harmonic(m: int) -> float:
+    """H(m) = 1 + 1/2 + ... + 1/m: the expected largest of m exponential waits of mean 1."""
+    return sum(1.0 / k for k in range(1, max(1, int(m)) + 1))
+
+
+class Cores:
+    """A host's devices as a processor-sharing server (see the module). `run(work)` returns an event that
+    fires when `work` seconds of one device's time have been done at the share the job gets."""
+
+    def __init__(self, env: simpy.Environment, host: HostModel, weight: int):
+        self.env, self.host, self.weight = env, host, max(1, int(weight))
+        self.jobs: dict[int, list] = {}  # job -> [work left, its event]
+        self.t = env.now
+        self.gen = 0
+        self.ids = 0
+        self.busy = 0.0  # device-seconds done by the simulated rank's jobs (for utilisation)
+
+    def rate(self) -> float:
+        return self.host.share(len(self.jobs) * self.weight)
+
+    def saturation(self) -> float:
+        """1 when a thread that wakes now finds every core busy (it waits `wake`), 0 when one is free;
+        in between for fractional capacities."""
+        others = len(self.jobs) * self.weight + self.host.background
+        return min(1.0, max(0.0, others - self.host.cores + 1.0))
+
+    def run(self, work: float) -> simpy.Event:
+        ev = self.env.event()
+        if not work > 0:
+            ev.succeed()
+            return ev
+        self._advance()
+        self.ids += 1
+        self.jobs[self.ids] = [float(work), ev]
+        self._schedule()
+        return ev
+
+    def _advance(self) -> None:
+        dt = self.env.now - self.t
+        if dt > 0 and self.jobs:
+            done = self.rate() * dt
+            for job in self.jobs.values():
+                job[0] -= done
+            self.busy += done * len(self.jobs)
+        self.t = self.env.now
+
+    def _schedule(self) -> None:
+        self.gen += 1
+        if not self.jobs:
+            return
+        gen = self.gen
+        wait = max(0.0, min(job[0] for job in self.jobs.values()) / self.rate())
+        self.env.timeout(wait).callbacks.append(lambda _ev: self._finish(gen))
+
+    def _finish(self, gen: int) -> None:
+        if gen != self.gen:  # a job came or went since: a later timer holds the next completion
+            return
+        self._advance()
+        least = min(job[0] for job in self.jobs.values())
+        for key in [k for k, job in self.jobs.items() if job[0] <= least + 1e-12]:
+            self.jobs.pop(key)[1].succeed()
+        self._schedule()
+
+
+__all__ = ["Cores", "HostModel", "SCOPES", "harmonic"]

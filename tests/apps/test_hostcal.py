@@ -1,0 +1,110 @@
+"""The host calibration's arithmetic (issue 27): the background from a codec's slowdown, the fit recovering a
+host whose probes it generated, the held-out band, and the run's forecast-against-measured report."""
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import pytest
+from lioncub.simulator import get_profile
+from lioncub.simulator.contention import loaded_collective
+from lioncub.simulator.hosts import HostModel
+
+from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
+from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
+from lioncub.comm import wire
+
+
+@pytest.mark.parametrize("cores,ranks", [(2, 4), (4, 4), (8, 2)])
+@pytest.mark.parametrize("b", [0.0, 0.5, 3.0, 28.0])
+def test_background_is_recovered_from_the_slowdown_processor_sharing_gives(cores, ranks, b):
+    # processor sharing written out: a job's speed among n runnable jobs (b of them background) on C cores
+    def speed(n):
+        return min(1.0, cores / (n + b))
+
+    slowdown = speed(1) / speed(2 * ranks)
+    if slowdown == 1.0:  # a core for every job: the slowdown says nothing about b below C - 2R
+        assert background_from(slowdown, cores, ranks, speed(1)) <= cores - 2 * ranks + 1e-9
+        return
+    assert background_from(slowdown, cores, ranks, speed(1)) == pytest.approx(b, abs=1e-9)
+
+
+def _raw_from(host: HostModel, ranks: int, profile) -> dict:
+    """The figures measure_host would report on a machine that behaves exactly as `host` says."""
+    small, big = wire.CONTROL.nbytes, SIZES[-1]
+    share = host.share(ranks)
+    moved = 2.0 * wire.bus_factor("allreduce", ranks) * big
+    idle = {str(small): host.call_cpu / share, str(big): (host.call_cpu + host.byte_cpu * moved) / share}
+    busy_call = probe_call(profile, ranks, small, host)
+    busy = {str(small): loaded_collective(host, ranks, busy_call, computing=True)}
+    slowdown = host.share(1) / host.share(2 * ranks)
+    return dict(ranks=ranks, cores=host.cores, elements=1000, busy_method="vote-1bit", update_elements=4000,
+                alone_share=host.share(1),
+                alone={"vote-1bit": 1e-3, "update": 1e-4}, codec_busy=1e-3 * slowdown, idle=idle, busy=busy,
+                compute=[0.1] * 8, compute_under_codec=None)
+
+
+def test_fit_recovers_the_host_that_generated_its_probes():
+    profile = get_profile("gloo")
+    truth = HostModel(cores=2.0, shared_by="cluster", background=1.5, call_cpu=2e-4, byte_cpu=5e-10,
+                      intra_bandwidth=None)
+    # the intra speed the fit will find is what the big probe's time implies: give the truth that speed
+    raw = _raw_from(truth, 4, profile)
+    wire_s = raw["idle"][str(SIZES[-1])] - raw["idle"][str(wire.CONTROL.nbytes)]
+    truth = dataclasses.replace(truth, intra_bandwidth=8.0 * wire.bus_factor("allreduce", 4) * SIZES[-1] / wire_s,
+                                wake=1.5e-3)
+    raw = _raw_from(truth, 4, profile)
+    host, speeds = fit_host(raw, profile)
+    assert host.background == pytest.approx(1.5, rel=1e-6)
+    assert host.call_cpu == pytest.approx(2e-4, rel=1e-6)
+    assert host.byte_cpu == pytest.approx(5e-10, rel=1e-6)
+    assert host.wake == pytest.approx(1.5e-3, rel=1e-4)
+    assert speeds["update"] == pytest.approx(20 * 4000 / 1e-4)
+
+
+def test_error_band_always_holds_zero():
+    assert error_band({"a": 0.1, "b": 0.2}) == [0.0, 0.2]
+    assert error_band({"a": -0.3, "b": 0.05}) == [-0.3, 0.05]
+
+
+def _result(step, dense, band=None):
+    return SimpleNamespace(step_seconds=step, baseline_step_seconds=dense, step_interval=band, compute_seconds=0.09,
+                           codec_seconds=0.02, exposed_communication_seconds=0.03,
+                           contention={"compute": 0.1})
+
+
+def test_a_run_names_the_component_that_differs_most_and_the_remedy():
+    records = [dict(step_s=0.30, compute_s=0.11, codec_s=0.08, exposed_s=0.1)] * 10
+    summary = dict(mean_step_seconds=0.30, compute_seconds=0.11, codec_seconds=0.08, records=records)
+    c = compare(summary, _result(0.2, 0.25, (0.18, 0.22)), compressed=True)
+    assert c["differs_most"] == "exposed communication"  # 70 ms off, against codec 60 ms and compute 10 ms
+    assert c["inside"] is False and c["step_error"] == pytest.approx(0.5)
+    assert "slower than the forecast dense step" in c["remedy"] and "autotune" in c["remedy"]
+    text = format_comparison(c)
+    assert "outside" in text and "differs most" in text
+    # a compressed run faster than the dense forecast, inside its interval: no remedy
+    c = compare(dict(summary, mean_step_seconds=0.2), _result(0.2, 0.25, (0.18, 0.22)), compressed=True)
+    assert c["inside"] and c["remedy"] is None
+    # a dense run is never told to change method
+    assert compare(summary, _result(0.2, 0.25), compressed=False)["remedy"] is None
+    # the ranks compare their first steps the same way, from a JSON-able forecast
+    early = json.loads(json.dumps(forecast_of(_result(0.2, 0.25, (0.18, 0.22)))))
+    c = compare_components(so_far(records[:8]), early, compressed=True)
+    assert c["differs_most"] == "exposed communication" and c["remedy"]
+    assert "first 8 steps" in format_comparison(c, "first 8 steps")
+
+
+def test_host_command_refuses_a_machine_of_one_rank(capsys, tmp_path):
+    from lioncub.cli import main
+
+    assert main(["host", "--ranks", "1", "--output", str(tmp_path / "h.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--ranks must be at least 2" in err and err.count("\n") == 1
+
+
+def test_no_loopback_speed_is_taken_from_probes_that_do_not_show_one():
+    profile = get_profile("gloo")
+    raw = _raw_from(HostModel(cores=2.0, shared_by="cluster", call_cpu=2e-4, byte_cpu=5e-10), 4, profile)
+    raw["idle"][str(SIZES[-1])] = raw["idle"][str(wire.CONTROL.nbytes)]  # noise: 2 MiB as fast as 24 B
+    host, _ = fit_host(raw, profile)
+    assert host.intra_bandwidth is None and host.byte_cpu == 0.0

@@ -1,0 +1,137 @@
+"""Shared devices in the step model (issue 27): the processor-sharing server, the collective's wake-up waits,
+the step as processes on a host, and the intervals. Oracles: closed forms written out here."""
+
+import dataclasses
+import json
+
+import pytest
+import simpy
+from lioncub.simulator import Cluster, get_profile, simulate_step
+from lioncub.simulator.contention import Call, loaded_collective
+from lioncub.simulator.hosts import Cores, HostModel, harmonic
+from lioncub.simulator.step import interval, ratio_interval
+
+
+def _finish_times(host, weight, works, starts=None):
+    env = simpy.Environment()
+    cores = Cores(env, host, weight)
+    done = {}
+
+    def job(i, w, t0):
+        yield env.timeout(t0)
+        yield cores.run(w)
+        done[i] = env.now
+
+    for i, w in enumerate(works):
+        env.process(job(i, w, (starts or [0.0] * len(works))[i]))
+    env.run()
+    return [done[i] for i in range(len(works))]
+
+
+def test_processor_sharing_finish_times():
+    # one core, two jobs of 1 s and 3 s from t=0: both at half speed until the first ends at 2 s, then the
+    # second alone: 2 s left of its work -> ends at 4 s
+    assert _finish_times(HostModel(cores=1), 1, [1.0, 3.0]) == pytest.approx([2.0, 4.0])
+    # two cores: each job has a core of its own
+    assert _finish_times(HostModel(cores=2), 1, [1.0, 3.0]) == pytest.approx([1.0, 3.0])
+    # weight 4 on 2 cores (4 symmetric ranks): every job at 1/2 speed, then 2/4 -> same as alone at 1/2
+    assert _finish_times(HostModel(cores=2), 4, [1.0]) == pytest.approx([2.0])
+    # a background job (another process) on one core halves the speed
+    assert _finish_times(HostModel(cores=1, background=1.0), 1, [1.0]) == pytest.approx([2.0])
+    # a job that arrives later: 1 core, job A (2 s) at 0, job B (1 s) at 1: A alone 1 s (1 left), then both
+    # at 1/2: B ends at 3, A at 3
+    assert _finish_times(HostModel(cores=1), 1, [2.0, 1.0], [0.0, 1.0]) == pytest.approx([3.0, 3.0])
+
+
+def test_host_model_rejects_bad_input_with_one_line():
+    for bad in (dict(cores=0), dict(wake=-1.0), dict(shared_by="rack"), dict(shared_by=0), dict(cores=True)):
+        with pytest.raises(ValueError) as exc:
+            HostModel(**bad)
+        assert "\n" not in str(exc.value) and "host:" in str(exc.value)
+    with pytest.raises(ValueError, match="unknown host field"):
+        HostModel.from_dict({"cpus": 2})
+
+
+def test_harmonic_numbers():
+    assert harmonic(1) == 1.0
+    assert harmonic(4) == pytest.approx(25 / 12)
+
+
+def test_a_collective_waits_for_cores_on_every_latency_and_for_its_last_member():
+    host = HostModel(cores=2, shared_by="cluster", wake=1e-3)
+    call = Call("x", "ring", 24, 0.5e-3, hops=6, members=4, bytes=100)
+    # idle cores (4 ranks' communication threads on 2 cores: saturation 0 while only they run): no waits
+    assert loaded_collective(host, 4, call, computing=False) == pytest.approx(0.5e-3)
+    # every core busy with the ranks' compute: a wake-up wait per latency, and the last of 4 members
+    assert loaded_collective(host, 4, call, computing=True) == pytest.approx(0.5e-3 + 1e-3 * (6 + 25 / 12))
+    # its CPU work, processor-shared with 4 computing ranks on 2 cores (8 jobs: 1/4 speed), can outlast it
+    cpu = dataclasses.replace(host, wake=0.0, call_cpu=1e-3)
+    assert loaded_collective(cpu, 4, call, computing=True) == pytest.approx(4e-3)
+
+
+def _profile(host):
+    return dataclasses.replace(get_profile("gloo"), name="t", host=host, codec_on_compute=False,
+                               codec_bandwidth={"vote-1bit": 1e9, "update": 4e9})
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("method,sync", [("allreduce", None), ("vote-1bit", None), ("vote-1bit", 5)])
+def test_devices_never_shared_give_the_analytic_step(overlap, method, sync):
+    # a host with a core per job and nothing else on it: the processes must reproduce the analytic model
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="20us")
+    plain = _profile(None)
+    roomy = _profile(dict(cores=1000.0, shared_by="node"))
+    kw = dict(backend=plain, overlap=overlap, memory_bandwidth="1TB/s")
+    a = simulate_step(cluster, method, 3_000_000, sync, 1.0, 0.1, **kw)
+    b = simulate_step(cluster, method, 3_000_000, sync, 1.0, 0.1, **dict(kw, backend=roomy))
+    assert b.contention is not None and a.contention is None
+    assert b.step_seconds == pytest.approx(a.step_seconds, rel=1e-9)
+    assert b.exposed_communication_seconds == pytest.approx(a.exposed_communication_seconds, rel=1e-9, abs=1e-12)
+    assert b.bytes_sent_per_rank == a.bytes_sent_per_rank
+
+
+def test_shared_cores_slow_the_step_and_keep_the_measured_compute():
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="20us")
+    shared = _profile(dict(cores=2.0, shared_by="cluster"))
+    # a dense step without overlap: compute runs alone, as it was measured (all 4 ranks computing)
+    r = simulate_step(cluster, "allreduce", 3_000_000, None, 1.0, 0.1, backend=shared, overlap=False)
+    assert r.contention["compute"] == pytest.approx(0.1)
+    # the codec on the communication thread shares the cores with backward: the step is longer than with
+    # a core per job, and backward itself lasts longer than measured
+    roomy = _profile(dict(cores=1000.0, shared_by="cluster"))
+    a = simulate_step(cluster, "vote-1bit", 3_000_000, None, 1.0, 0.1, backend=roomy)
+    b = simulate_step(cluster, "vote-1bit", 3_000_000, None, 1.0, 0.1, backend=shared)
+    assert b.step_seconds > a.step_seconds
+    assert b.contention["compute"] > 0.1
+
+
+def test_intervals_from_the_error_band():
+    assert interval(100.0, [-0.1, 0.2]) == pytest.approx((90.0, 120.0))
+    lo, hi = ratio_interval(8.0, [-0.1, 0.1])
+    assert lo < 8.0 < hi and lo * hi == pytest.approx(64.0)
+    assert interval(1.0, None) is None
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="20us")
+    banded = dataclasses.replace(_profile(dict(cores=2.0, shared_by="cluster")), forecast_error=[-0.1, 0.05])
+    r = simulate_step(cluster, "vote-1bit", 3_000_000, None, 1.0, 0.1, backend=banded)
+    assert r.step_interval == pytest.approx((0.9 * r.step_seconds, 1.05 * r.step_seconds))
+    assert r.speedup_interval[0] < r.speedup < r.speedup_interval[1]
+    with pytest.raises(ValueError, match="forecast_error"):
+        dataclasses.replace(banded, forecast_error=[0.1, 0.2])
+
+
+def test_simulate_step_prints_the_interval_of_a_calibration_with_a_host(capsys, tmp_path):
+    from lioncub.cli import main
+
+    cal = tmp_path / "host.json"
+    cal.write_text(json.dumps({"host": {"cores": 2.0, "shared_by": "cluster", "wake": 1e-3},
+                               "forecast_error": [-0.1, 0.2], "codec_on_compute": False}))
+    argv = ["simulate", "step", "--method", "vote-1bit", "--ranks", "4", "--bandwidth", "100Mbit", "--params", "3M",
+            "--compute-seconds", "0.1", "--backend", "gloo", "--calibration", str(cal)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    step = next(line for line in out.splitlines() if line.strip().startswith("step "))
+    assert " - " in step  # step (low - high)
+    assert "x (" in out  # speedup 8.13x (7.20-8.90x)
+    cal.write_text(json.dumps({"host": {"cores": 0}}))
+    assert main(argv) == 2
+    assert "cores must be a positive number" in capsys.readouterr().err
