@@ -97,7 +97,7 @@ def test_download_is_shaped_too():
     Without the switch-side shaper each would get a full line rate."""
     rate, size = 1e8, 2_500_000  # 0.2 s of line time each
     with Lab(hosts=3, bandwidth=rate) as lab:
-        for _ in range(3):
+        for _ in range(10):
             got = {}
             start_at = time.monotonic() + 2  # both senders connect first, then start together
 
@@ -109,9 +109,11 @@ def test_download_is_shaped_too():
                 t.start()
             for t in threads:
                 t.join()
-            if abs(got[0]["start"] - got[1]["start"]) < 0.02:
-                break  # else a sender started late (a loaded machine): the flows barely overlapped
-        assert abs(got[0]["start"] - got[1]["start"]) < 0.02, got
+            overlap = min(g["end"] for g in got.values()) - max(g["start"] for g in got.values())
+            if overlap > 0.5 * min(g["end"] - g["start"] for g in got.values()):
+                break  # else a sender started late (a loaded machine): the flows barely overlapped, try again
+        # what is checked is the shared download while both flows run, however late one of them started
+        assert overlap > 0.5 * min(g["end"] - g["start"] for g in got.values()), got
         span = max(g["end"] for g in got.values()) - min(g["start"] for g in got.values())
         combined = 2 * size * 8 / span
         assert combined <= 1.05 * rate, (combined, got)
