@@ -50,7 +50,7 @@ def check_options(local_steps, outer, *, dense_warmup: int, momentum_sync, hiera
         raise ValueError("local_steps with hierarchical=True is not supported yet (run the flat layout)")
     if sharded:
         raise ValueError("local_steps with FSDP2-sharded parameters is not supported yet")
-    return int(local_steps), parse_outer("nesterov" if outer is None else outer)
+    return int(local_steps), parse_outer("avg" if outer is None else outer)
 
 
 class LocalSteps:

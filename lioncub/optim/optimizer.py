@@ -84,8 +84,8 @@ class LionCub(torch.optim.Optimizer):
         local_steps: H: every rank takes H local Lion steps, then the ranks agree on an outer update of their
             pseudo-gradients through `method`'s codec ("allreduce": DiLoCo's fp32 average), with error
             feedback (lioncub.optim.local). None (default): agree at every step.
-        outer: the outer optimizer with local_steps, "kind[:LR[:MU]]": "nesterov" (default, 0.7:0.9),
-            "avg" (1:0) or "sign" (0.5:0.9) (lioncub.optim.outer).
+        outer: the outer optimizer with local_steps, "kind[:LR[:MU]]": "avg" (default, 1:0: the agreed
+            update as it is), "nesterov" (DiLoCo's, 0.7:0.9) or "sign" (0.5:0.9) (lioncub.optim.outer).
         error_feedback: with local_steps and a compressed method, keep what compression dropped (default True).
 
     Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step

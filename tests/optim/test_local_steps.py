@@ -111,6 +111,7 @@ def test_options_are_checked_with_one_line_errors():
     assert parse_outer("sign:0.25") == Outer("sign", 0.25, 0.9)
     opt = LionCub(net.parameters(), method="vote-1bit", local_steps=8)
     assert opt.local_steps == 8 and opt.engine.overlap is None
+    assert opt.local.outer == Outer("avg", 1.0, 0.0)  # the default: the measured best (docs/BENCHMARKS.md)
     with pytest.raises(ValueError, match="cannot add param groups"):
         opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(2))]))
     with pytest.raises(ValueError, match="does not hold local steps"):

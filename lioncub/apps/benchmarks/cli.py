@@ -75,7 +75,7 @@ def _train_arguments(p) -> None:
     p.add_argument("--configs", help=CONFIG_SYNTAX)
     p.add_argument("--local-steps", dest="local_steps", type=int,
                    help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
-    p.add_argument("--outer", help="the outer optimizer with --local-steps (nesterov[:LR[:MU]], avg, sign)")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")
     p.add_argument("--ddp-hook", action="store_true",
                    help="also run each LionCub configuration inside torch DDP (lioncub.attach_ddp)")
     p.add_argument("--json", action="store_true")
@@ -89,7 +89,7 @@ def _convergence_arguments(p) -> None:
                                      "[+local:H[:outer]] (H local steps)")
     p.add_argument("--local-steps", dest="local_steps", type=int,
                    help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
-    p.add_argument("--outer", help="the outer optimizer with --local-steps (nesterov[:LR[:MU]], avg, sign)")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves (--merge: the heat map) here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--grid", action="store_true",

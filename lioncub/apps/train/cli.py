@@ -44,8 +44,8 @@ def register(sub) -> None:
     p.add_argument("--local-steps", dest="local_steps", type=int,
                    help="H local Lion steps per outer step, whose pseudo-gradients the ranks agree on through "
                         "--method's codec with error feedback (allreduce: DiLoCo's dense outer all-reduce)")
-    p.add_argument("--outer", help="the outer optimizer with --local-steps: nesterov[:LR[:MU]] (default 0.7:0.9), "
-                                   "avg[:LR[:MU]] or sign[:LR[:MU]]")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps: avg[:LR[:MU]] (default 1:0), "
+                                   "nesterov[:LR[:MU]] (DiLoCo's, 0.7:0.9) or sign[:LR[:MU]]")
     p.add_argument("--hierarchical", action="store_true", default=None,
                    help="LionCub's hierarchical layout: inside each node a reduce-scatter of the gradients and an "
                         "all-gather of the codes, across nodes the vote on shards (compressed methods only)")
