@@ -159,11 +159,7 @@ def simulate_step(
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
     meth = methods.get(method)
-    if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
-                                    or local_steps < 1 or hierarchical or momentum_sync):
-        raise ValueError("local_steps must be an int >= 1, without hierarchical or momentum_sync")
-    if hierarchical and meth.dense:
-        raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
+    _check_layout(meth, hierarchical, local_steps, momentum_sync)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile = get_profile(backend)
@@ -176,8 +172,7 @@ def simulate_step(
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it
     buckets = _buckets(P, bucket_mb * 2**20)
-    t = _local_step(ex, buckets, P, times, local_steps) if local_steps else _communicate(ex, meth, buckets, P, times,
-                                                                                          overlap, K)
+    t = (_local_step if local_steps else _communicate)(ex, meth, buckets, P, times, overlap, local_steps or K)
     step = _step_seconds(compute, t["tail"], times["optimizer"])
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
@@ -391,9 +386,18 @@ def _vote_step(ex, buckets, times, K) -> dict:
     return t
 
 
-def _local_step(ex, buckets, P, times, H) -> dict:
+def _check_layout(meth, hierarchical, local_steps, momentum_sync) -> None:
+    if hierarchical and meth.dense:
+        raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
+    if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
+                                    or local_steps < 1 or hierarchical or momentum_sync):
+        raise ValueError("local_steps must be an int >= 1, without hierarchical or momentum_sync")
+
+
+def _local_step(ex, meth, buckets, P, times, overlap, H) -> dict:
     """Local steps: the outer exchange after backward every H steps (_vote_step's sequence without momentum
-    sync, plus the outer step's passes), amortized as 1/H per step; nothing overlaps."""
+    sync, plus the outer step's passes), amortized as 1/H per step; nothing overlaps (`_communicate`'s
+    arguments; `meth` and `overlap` are not needed)."""
     if ex.N == 1:
         return dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
     t = _vote_step(ex, buckets, times, None)
