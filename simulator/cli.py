@@ -50,6 +50,8 @@ def register(subparsers) -> None:
     _step_args(s)
     s.add_argument("--momentum-sync", type=int, default=0, metavar="K",
                    help="average momentum every K steps (0: never)")
+    s.add_argument("--local-steps", type=int, default=None, metavar="H",
+                   help="LionCub(local_steps=H): the method's exchange of the pseudo-gradients every H steps")
     _common(s)
     s.set_defaults(func=_step)
 
@@ -183,13 +185,14 @@ def _step(args) -> int:
     cluster = _cluster(args, args.ranks)
     profile = _profile(args)
     r = simulate_step(cluster, args.method, momentum_sync=args.momentum_sync or None, backend=profile,
-                      exact=args.exact, **_step_kwargs(args))
+                      exact=args.exact, local_steps=args.local_steps, **_step_kwargs(args))
     if args.json:
         _dump({**r.to_dict(), "cluster": cluster.to_dict()})
         return 0
     print(f"{r.method} on {profile.name}: {cluster.describe()}, {r.params:.4g} params, {r.buckets} buckets"
           + (f", momentum sync every {r.momentum_sync}" if r.momentum_sync else "")
-          + (f", hierarchical (nodes of {r.node_size})" if r.hierarchical else ""))
+          + (f", hierarchical (nodes of {r.node_size})" if r.hierarchical else "")
+          + (f", local steps: the exchange every {r.local_steps} steps" if r.local_steps else ""))
     for name, v in (("compute", r.compute_seconds), ("codec", r.codec_seconds),
                     ("optimizer", r.optimizer_seconds), ("communication", r.communication_seconds),
                     ("  of which momentum sync", r.momentum_sync_seconds),

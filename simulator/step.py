@@ -16,6 +16,12 @@ with an fp32 allreduce of all parameters (bucketed the same way) after the updat
 With `overlap=False` every bucket waits for the end of backward, as `LionCub(..., overlap=False)` does (it
 communicates inside step(): the control allreduce first, then the buckets).
 
+Local steps (`local_steps=H`, LionCub(local_steps=H)): every step is compute and a local Lion update; every
+H-th step adds the outer exchange after backward, inside step(): the control message, each bucket's codec and
+collectives in turn (as with overlap=False, the method's collectives of the pseudo-gradients), and the outer
+step's own passes (OUTER_BYTES_PER_PARAM), all exposed and amortized as 1/H per step (not streamed). No
+momentum sync.
+
 Kernel times are bytes moved through device memory / `memory_bandwidth`:
   Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
   Codec (method-specific: the method's `codec_bytes_per_element`): the extra passes that build and consume the
@@ -65,7 +71,11 @@ from .units import parse_byte_rate, parse_count, parse_time
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
 DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
 GRAD_DTYPES = ("float32", "bfloat16", "float16")
-CONTROL = f"control {wire.CONTROL.op}"  # how StepResult.collectives lists the step's control message
+CONTROL = f"control {wire.CONTROL.op}"
+# the outer step's passes beyond the codec (lioncub.optim.outer), fp32: the pseudo-gradient (read anchor, p and
+# residual, write delta), its scales (read), the residual (read delta and the local value, write), the decoded
+# update (write, read), the outer momentum (read, write), the anchor (read, write) and the parameters (write)
+OUTER_BYTES_PER_PARAM = 64.0  # how StepResult.collectives lists the step's control message
 
 
 @dataclass
@@ -108,6 +118,7 @@ class StepResult:
     # with a profile's forecast_error: the step and the speedup the measurement should fall between
     step_interval: tuple[float, float] | None = None
     speedup_interval: tuple[float, float] | None = None
+    local_steps: int | None = None  # H: the outer exchange every H steps, amortized per step
 
     @property
     def seconds(self) -> float:
@@ -131,7 +142,7 @@ def simulate_step(
     bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
     algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
     backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
-    hierarchical: bool = False, _baseline: bool = True,
+    hierarchical: bool = False, local_steps: int | None = None, _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
@@ -151,13 +162,13 @@ def simulate_step(
     exact: simulate every collective rank by rank (see simulate_collective).
     hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
         methods with a codec only). The baseline stays torch DDP's flat allreduce.
+    local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized (see above).
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
     meth = methods.get(method)
-    if hierarchical and meth.dense:
-        raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
+    _check_layout(meth, hierarchical, local_steps, momentum_sync)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile, cache = get_profile(backend), cache if cache is not None else Cache()
@@ -169,7 +180,7 @@ def simulate_step(
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
-    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host, compute))["step"]
+    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps))["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
@@ -184,15 +195,19 @@ def simulate_step(
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
-        collectives=t["collectives"], baseline=base_dict,
+        collectives=t["collectives"], baseline=base_dict, local_steps=local_steps,
     )
 
 
-def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute) -> dict:
-    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py)."""
-    if host is not None:
+def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps=None) -> dict:
+    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py).
+    Local steps (the outer exchange every H steps) are costed by the analytic model only."""
+    if local_steps:
+        t = _local_step(ex, meth, buckets, P, times, overlap, local_steps)
+    elif host is not None:
         return _contended(ex, meth, buckets, times, overlap, K, host)
-    t = _communicate(ex, meth, buckets, P, times, overlap, K)
+    else:
+        t = _communicate(ex, meth, buckets, P, times, overlap, K)
     return dict(t, step=_step_seconds(compute, t["tail"], times["optimizer"]))
 
 
@@ -464,6 +479,30 @@ def _vote_step(ex, buckets, times, K) -> dict:
     t = dict(codec=codec, comm=comm, exposed=comm, tail=[], msync=msync, sent=sent, nic=nic, collectives=colls)
     _add_momentum_sync(t, ex, buckets, K)
     t.update(exposed=t["comm"], tail=[t["codec"], t["comm"]])
+    return t
+
+
+def _check_layout(meth, hierarchical, local_steps, momentum_sync) -> None:
+    if hierarchical and meth.dense:
+        raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
+    if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
+                                    or local_steps < 1 or hierarchical or momentum_sync):
+        raise ValueError("local_steps must be an int >= 1, without hierarchical or momentum_sync")
+
+
+def _local_step(ex, meth, buckets, P, times, overlap, H) -> dict:
+    """Local steps: the outer exchange after backward every H steps (_vote_step's sequence without momentum
+    sync, plus the outer step's passes), amortized as 1/H per step; nothing overlaps (`_communicate`'s
+    arguments; `meth` and `overlap` are not needed)."""
+    if ex.N == 1:
+        return dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
+    t = _vote_step(ex, buckets, times, None)
+    t["codec"] += OUTER_BYTES_PER_PARAM * P / times["codec_bw"]
+    for key in ("codec", "comm", "exposed", "sent", "nic"):
+        t[key] /= H
+    t["tail"] = [t["codec"], t["comm"]]
+    for c in t["collectives"]:
+        c["per_step"] = 1 / H
     return t
 
 

@@ -65,9 +65,16 @@ def _jsonable(x):
     raise TypeError(f"cannot store {type(x).__name__} in the checkpoint's metadata")
 
 
+def _refuse_local_steps(opt) -> None:
+    if getattr(opt, "local_steps", None) is not None:
+        raise ValueError("lioncub.checkpoint does not hold local steps' state yet (anchor, residuals): save and load "
+                         "opt.state_dict() on each rank instead")
+
+
 def save(path: str, model: torch.nn.Module, opt) -> None:
     """Save `model` and LionCub `opt` to the DCP checkpoint directory `path`. Every rank of the optimizer's
     process group must call it."""
+    _refuse_local_steps(opt)
     sd = opt.state_dict()
     extra = sd["lioncub"]
     meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
@@ -88,6 +95,7 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
     """Load a checkpoint written by `save` into `model` and `opt` (built as for the saved run, on any number
     of ranks: see the module docstring for the policy). Every rank must call it. Returns what it did:
     {saved_world_size, world_size, momenta: "own" | "rank0" | "average", step}."""
+    _refuse_local_steps(opt)
     meta = _load_model_and_meta(path, model, opt)
     if meta.get("node_size", 1) > 1 or opt.node_size > 1:
         return _load_shards(path, opt, meta)

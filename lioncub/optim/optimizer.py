@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from lioncub import kernels, methods
 from lioncub.comm.transport import record_call_times
-from lioncub.optim import clip, resume, steps
+from lioncub.optim import clip, local, resume, steps
 from lioncub.optim.buckets import DTYPES
 from lioncub.optim.engine import Engine
 from lioncub.optim.stats import CommStats
@@ -81,6 +81,12 @@ class LionCub(torch.optim.Optimizer):
             on every rank), then `method`; the step count is in state_dict, so a resume switches on time.
         hierarchical, node_size: the node layout (lioncub.optim.nodes): average inside nodes of node_size
             ranks (default: torchrun's LOCAL_WORLD_SIZE), vote across nodes, momenta sharded in the node.
+        local_steps: H: every rank takes H local Lion steps, then the ranks agree on an outer update of their
+            pseudo-gradients through `method`'s codec ("allreduce": DiLoCo's fp32 average), with error
+            feedback (lioncub.optim.local). None (default): agree at every step.
+        outer: the outer optimizer with local_steps, "kind[:LR[:MU]]": "avg" (default, 1:0: the agreed
+            update as it is), "nesterov" (DiLoCo's, 0.7:0.9) or "sign" (0.5:0.9) (lioncub.optim.outer).
+        error_feedback: with local_steps and a compressed method, keep what compression dropped (default True).
 
     Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step
     to clip, and use `lioncub.GradScaler` for fp16 loss scaling: both agree across ranks.
@@ -94,12 +100,18 @@ class LionCub(torch.optim.Optimizer):
                  method: str = methods.DEFAULT, levels: int | None = None, momentum_sync=None,
                  process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False,
-                 dense_warmup: int = 0, hierarchical: bool = False, node_size: int | None = None):
+                 dense_warmup: int = 0, hierarchical: bool = False, node_size: int | None = None,
+                 local_steps: int | None = None, outer=None, error_feedback: bool = True):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup)
-        self._engine = None  # (built once torch.optim has the param groups)
+        self._engine = self._local = None  # (built once torch.optim has the param groups)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
+        sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
+        self._local_args = local.check_options(local_steps, outer, dense_warmup=dense_warmup,
+                                               momentum_sync=momentum_sync, hierarchical=hierarchical,
+                                               sharded=sharded) + (bool(error_feedback),)
+        overlap = overlap and local_steps is None  # local steps communicate in step() only
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)
         self.grad_wire_dtype, self.timing, self.hierarchical = grad_wire_dtype, timing, bool(hierarchical)
@@ -107,7 +119,7 @@ class LionCub(torch.optim.Optimizer):
                                  process_group=process_group, bucket_mb=bucket_mb, grad_wire_dtype=grad_wire_dtype,
                                  skip_nonfinite=skip_nonfinite, overlap=overlap, dense_warmup=int(dense_warmup),
                                  hierarchical=hierarchical, node_size=node_size)
-        if any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"]):
+        if sharded:
             if hierarchical:
                 raise ValueError("hierarchical=True is the layout of an unsharded model; a model sharded by FSDP2 gets "
                                  "the same arithmetic from lioncub.attach_fsdp(model, opt, mesh)")
@@ -116,6 +128,9 @@ class LionCub(torch.optim.Optimizer):
 
     def _build(self, sharding=None) -> None:
         self._engine = Engine(self.param_groups, self.state, sharding=sharding, **self._engine_args)
+        H, outer, error_feedback = self._local_args
+        if H is not None:
+            self._local = local.LocalSteps(self._engine, H, outer, error_feedback)
         if self.timing:  # (from the first step on: the set-up's collectives are not the step's)
             record_call_times(True)
 
@@ -148,6 +163,8 @@ class LionCub(torch.optim.Optimizer):
     node_size = property(lambda self: self.engine.layout.node_size)
     bucket_mb = property(lambda self: self.engine.bucket_mb)
     skip_nonfinite = property(lambda self: self.engine.skip_nonfinite)
+    local_steps = property(lambda self: self._local_args[0], doc="H with local steps, else None")
+    local = property(lambda self: self._local, doc="the local-step driver (lioncub.optim.local), or None")
 
     @property
     def stats(self) -> CommStats:
@@ -169,6 +186,8 @@ class LionCub(torch.optim.Optimizer):
             for p in params:
                 if isinstance(p, torch.Tensor) and p.requires_grad and p.dtype not in DTYPES:
                     raise ValueError(f"LionCub supports fp32, bf16 and fp16 parameters, not {p.dtype}")
+        if getattr(self, "_local", None) is not None:
+            raise ValueError("LionCub with local_steps cannot add param groups after construction yet")
         super().add_param_group(param_group)
         if self._engine is not None:
             self._engine.add_group(len(self.param_groups) - 1, self.state)
@@ -210,7 +229,10 @@ class LionCub(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        steps.take(self.engine, self.timing)
+        if self._local is not None:
+            self._local.step(self.timing)
+        else:
+            steps.take(self.engine, self.timing)
         return loss
 
     def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
@@ -243,6 +265,8 @@ class LionCub(torch.optim.Optimizer):
     def state_dict(self) -> dict:
         sd = super().state_dict()
         sd["lioncub"] = resume.extras(self.engine)
+        if self._local is not None:
+            sd["lioncub"]["local"] = self._local.state_dict()
         return sd
 
     @torch.no_grad()
@@ -260,6 +284,11 @@ class LionCub(torch.optim.Optimizer):
                 view.copy_(loaded.reshape(view.shape))
             self.state[p]["exp_avg"] = view
         resume.restore(self.engine, extra)
+        if self._local is not None:
+            if "local" not in extra:
+                raise ValueError("this checkpoint was saved without local_steps; this optimizer has local_steps="
+                                 f"{self.local_steps}: resume with the same options")
+            self._local.load_state_dict(extra["local"])
 
     def __repr__(self) -> str:
         e = self.engine

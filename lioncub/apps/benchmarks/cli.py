@@ -73,6 +73,9 @@ def _train_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--model", default="char-small")
     p.add_argument("--configs", help=CONFIG_SYNTAX)
+    p.add_argument("--local-steps", dest="local_steps", type=int,
+                   help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")
     p.add_argument("--ddp-hook", action="store_true",
                    help="also run each LionCub configuration inside torch DDP (lioncub.attach_ddp)")
     p.add_argument("--json", action="store_true")
@@ -82,7 +85,11 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--steps", type=int, help="default 300 (--grid: 200)")
     p.add_argument("--model", help="default char-small (--grid: char-tiny)")
-    p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)")
+    p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)"
+                                     "[+local:H[:outer]] (H local steps)")
+    p.add_argument("--local-steps", dest="local_steps", type=int,
+                   help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")
     p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves (--merge: the heat map) here")
     p.add_argument("--json", action="store_true")
     p.add_argument("--grid", action="store_true",

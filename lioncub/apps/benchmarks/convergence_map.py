@@ -20,7 +20,7 @@ import sys
 import time
 
 from lioncub.apps.train.configs import parse as configuration
-from lioncub.apps.train.configs import split_run
+from lioncub.apps.train.configs import split_local, split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
 
 # The grid, sized for a 2-core machine: char-tiny, 200 steps, block 64 (TrainConfig's defaults otherwise).
@@ -58,7 +58,7 @@ def is_baseline(config: str) -> bool:
     """Whether `config` is the map's reference: LionCub's dense method (averaged gradients), without momentum
     sync."""
     method, sync, warmup = split_run(config)
-    return configuration(method).dense and sync == "none" and not warmup
+    return configuration(method).dense and sync == "none" and not warmup and split_local(config)[1] is None
 
 
 def runs(configs=CONFIGS, seeds=SEEDS, lr: float | None = None, **grid) -> list[dict]:
@@ -139,8 +139,10 @@ def _run_one(res: dict, run: dict, steps: int, base, output: str | None) -> None
     from lioncub.optim import schedules
 
     method, sync, warmup = split_run(run["config"])
+    _, local_steps, outer = split_local(run["config"])
     cfg = TrainConfig(**dict(dataclasses.asdict(base), method=method, momentum_sync=sync, dense_warmup=warmup,
-                             steps=steps, lr=run["lr"], batch_size=run["batch_size"], seed=run["seed"]))
+                             steps=steps, lr=run["lr"], batch_size=run["batch_size"], seed=run["seed"],
+                             local_steps=local_steps, outer=outer))
     t0 = time.perf_counter()
     s = train_local(cfg, run["ranks"], progress=False)
     sched = schedules.resolve(schedules.parse(sync))

@@ -15,7 +15,7 @@ import sys
 
 from lioncub import methods
 from lioncub.apps.demo import SCENARIO
-from lioncub.apps.train.configs import DDP_LION
+from lioncub.apps.train.configs import DDP_LION, split_local
 from lioncub.apps.train.configs import parse as configuration
 from lioncub.files import check_writable
 
@@ -27,17 +27,26 @@ CONFIG_SYNTAX = (f"comma-separated method[@sync][{HIER}], e.g. allreduce,vote-1b
                  "gradients and all-gather of the codes inside a node, the vote across nodes)")
 
 
-def _configs(spec: str | None) -> list[tuple[str, str, bool]]:
-    """(method, momentum sync, hierarchical) for each item of a `method[@sync][+hier]` list; `method` is a
-    configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here."""
-    if not spec:
-        return CONFIGS
+def _configs(spec: str | None, local_steps: int | None = None, outer: str | None = None) -> list:
+    """(method, momentum sync, hierarchical) for each item of a `method[+local:H[:outer]][@sync][+hier]` list;
+    `method` is a configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here, with
+    its local steps (+local:H, or `local_steps` for every LionCub method without its own) kept in the text."""
     out = []
-    for item in spec.split(","):
+    for item in spec.split(",") if spec else [f"{m}@{s}" for m, s, _ in CONFIGS]:
         hier = item.endswith(HIER)
         method, _, sync = item.removesuffix(HIER).partition("@")
-        out.append((configuration(method).name, sync or "none", hier))
+        name, H, own_outer = split_local(method)
+        run = configuration(name)
+        if H is None and local_steps and not run.plain_lion:
+            H, own_outer = local_steps, outer
+        local = "" if H is None else f"+local:{H}" + (f":{own_outer}" if own_outer else "")
+        out.append((run.name + local, sync or "none", hier))
     return out
+
+
+def _configuration(method: str):
+    """The configuration of a row's method text (its local steps left off)."""
+    return configuration(split_local(method)[0])
 
 
 def _label(method, sync, hier) -> str:
@@ -49,17 +58,18 @@ def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
     per host)."""
     from lioncub.apps.train.loop import TrainConfig
 
-    return TrainConfig(**{**SCENARIO, "model": model}, method=method, momentum_sync=sync, steps=steps,
-                       ddp_hook=ddp_hook, hierarchical=hierarchical)
+    name, local_steps, outer = split_local(method)
+    return TrainConfig(**{**SCENARIO, "model": model}, method=name, momentum_sync=sync, steps=steps,
+                       ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer)
 
 
-def _runs(configs, ddp_hook):
+def _runs(configs, ddp_hook, local_steps=None, outer=None):
     """(method, sync, hierarchical, in DDP?) for each row: with ddp_hook, each LionCub configuration once alone
     and once attached to torch DDP, one after the other."""
     out = []
-    for method, sync, hier in _configs(configs):
+    for method, sync, hier in _configs(configs, local_steps, outer):
         out.append((method, sync, hier, False))
-        if ddp_hook and not configuration(method).plain_lion:
+        if ddp_hook and not _configuration(method).plain_lion:
             out.append((method, sync, hier, True))
     return out
 
@@ -73,7 +83,7 @@ def _wire_seconds(s: dict, rate: float, wire_eff: float, ranks_per_host: int) ->
 
 
 def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small", ddp_hook=False,
-                ranks_per_host=1) -> dict:
+                ranks_per_host=1, local_steps=None, outer=None) -> dict:
     """1. check the rows and measure the compute once (without communication); 2. at each link rate, train
     every row on one lab; 3. compare each row with the reference row of its rate."""
     from lioncub.apps.calibrate import default_lab_profile
@@ -82,7 +92,7 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
     from lioncub.apps.train.hostcal import calibrate_host
     from lioncub.simulator.units import parse_rate
 
-    runs = _runs(configs, ddp_hook)
+    runs = _runs(configs, ddp_hook, local_steps, outer)
     ranks_per_host_for(ranks, ranks_per_host=ranks_per_host)  # a bad layout fails before anything runs
     if ranks_per_host == 1 and any(hier for _, _, hier, _ in runs):
         raise ValueError(f"{HIER} needs nodes of several ranks: give --ranks-per-host (e.g. 2)")
@@ -149,8 +159,9 @@ def _reference(rows: list) -> dict | None:
     --ddp-hook)."""
     def rank(item):
         i, row = item
-        run = configuration(row["method"])
-        return (0 if run.plain_lion else 1 if run.dense else 2, i)
+        run = _configuration(row["method"])
+        local = split_local(row["method"])[1] is not None
+        return (0 if run.plain_lion else 1 if run.dense and not local else 2, i)
 
     return min(enumerate(rows), key=rank)[1] if rows else None
 
@@ -215,11 +226,14 @@ def format_train(res: dict) -> str:
     return "\n".join(lines)
 
 
-def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot=None) -> dict:
+def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot=None, local_steps=None,
+                      outer=None) -> dict:
     from lioncub.apps.train.loop import train_local
 
     runs = []
-    chosen = _configs(configs) if configs else CONFIGS[1:]  # allreduce stands for ddp+lion here
+    chosen = _configs(configs or ",".join(f"{m}@{s}" for m, s, _ in CONFIGS[1:]), local_steps, outer)
+    if local_steps and not configs:  # allreduce stands for ddp+lion here: keep it as it is, as the baseline
+        chosen.insert(0, (methods.BASELINE, "none", False))
     if any(hier for _, _, hier in chosen):
         raise ValueError(f"{HIER} runs on the lab's hosts: use `lioncub bench train --ranks-per-host G`")
     for method, sync, _ in chosen:
@@ -227,7 +241,8 @@ def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot
         runs.append(dict(method=method, momentum_sync=sync, final_loss=s["final_loss"], train_loss=s["train_loss"],
                          curve=[r["loss"] for r in s["records"]]))
         print(f"  {method}@{sync}: eval loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)
-    base = next(r for r in runs if configuration(r["method"]).dense)  # LionCub's allreduce
+    base = next((r for r in runs if _configuration(r["method"]).dense and split_local(r["method"])[1] is None),
+                runs[0])  # LionCub's allreduce, else the first row
     for r in runs:
         r["vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
     res = dict(model=model, ranks=ranks, steps=steps, scenario=SCENARIO, runs=runs)
@@ -247,7 +262,7 @@ def _plot(res, path) -> None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in res["runs"]:
         label = r["method"] + ("" if r["momentum_sync"] == "none" else f" ({r['momentum_sync']})")
-        base = configuration(r["method"]).dense  # the baseline's curve: bold and black
+        base = r is res["runs"][0]  # the baseline's curve: bold and black
         ax.plot(range(1, len(r["curve"]) + 1), smoothed(r["curve"], 15), label=f"{label}: {r['final_loss']:.3f}",
                 lw=2.5 if base else 1.2, color="black" if base else None)
     ax.set_xlabel("step")
@@ -276,7 +291,7 @@ def run_train(args) -> int:
     if missing:
         raise SystemExit(f"lioncub bench train runs on the lab, which needs {missing}")
     res = bench_train(args.bandwidth.split(","), args.ranks, args.steps, args.configs, args.model, args.ddp_hook,
-                      args.ranks_per_host)
+                      args.ranks_per_host, getattr(args, "local_steps", None), getattr(args, "outer", None))
     print(json.dumps(res, indent=2) if args.json else format_train(res))
     return 0
 
@@ -284,6 +299,7 @@ def run_train(args) -> int:
 def run_convergence(args) -> int:
     if args.plot:
         check_writable(args.plot, "--plot")
-    res = bench_convergence(args.ranks, args.steps, args.configs, args.model, args.plot)
+    res = bench_convergence(args.ranks, args.steps, args.configs, args.model, args.plot,
+                            getattr(args, "local_steps", None), getattr(args, "outer", None))
     print(json.dumps(res, indent=2) if args.json else format_convergence(res))
     return 0

@@ -41,6 +41,11 @@ def register(sub) -> None:
                    help="communicate inside step() instead of during backward")
     p.add_argument("--dense-warmup", dest="dense_warmup", type=int,
                    help="run the first K steps with the allreduce method, then --method (default 0)")
+    p.add_argument("--local-steps", dest="local_steps", type=int,
+                   help="H local Lion steps per outer step, whose pseudo-gradients the ranks agree on through "
+                        "--method's codec with error feedback (allreduce: DiLoCo's dense outer all-reduce)")
+    p.add_argument("--outer", help="the outer optimizer with --local-steps: avg[:LR[:MU]] (default 1:0), "
+                                   "nesterov[:LR[:MU]] (DiLoCo's, 0.7:0.9) or sign[:LR[:MU]]")
     p.add_argument("--hierarchical", action="store_true", default=None,
                    help="LionCub's hierarchical layout: inside each node a reduce-scatter of the gradients and an "
                         "all-gather of the codes, across nodes the vote on shards (compressed methods only)")
@@ -73,9 +78,10 @@ def config_from_args(args):
         if not isinstance(base, dict):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
-    for key in ("model", "data", "amp", "method", "levels", "momentum_sync", "lr", "weight_decay", "warmup", "steps",
-                "batch_size", "block_size", "bucket_mb", "overlap", "dense_warmup", "hierarchical", "node_size", "seed",
-                "device", "timing", "checkpoint_dir", "checkpoint_every", "resume"):
+    for key in ("model", "data", "amp", "method", "levels", "momentum_sync", "local_steps", "outer", "lr",
+                "weight_decay", "warmup", "steps", "batch_size", "block_size", "bucket_mb", "overlap", "dense_warmup",
+                "hierarchical", "node_size", "seed", "device", "timing", "checkpoint_dir", "checkpoint_every",
+                "resume"):
         value = getattr(args, key, None)
         if value is not None:
             base[key] = value

@@ -94,13 +94,27 @@ def parse(text: str) -> Configuration:
 
 
 WARMUP = "+warmup:"  # a map cell's dense start: "vote-1bit+warmup:100" runs TrainConfig(dense_warmup=100)
+# a cell's local steps: "vote-1bit+local:25" runs TrainConfig(local_steps=25), "vote-1bit+local:25:avg:1"
+# also TrainConfig(outer="avg:1"); it ends the configuration's text
+LOCAL = "+local:"
+
+
+def split_local(text: str) -> tuple[str, int | None, str | None]:
+    """(the configuration without its local steps, H or None, the outer optimizer or None)."""
+    head, sep, rest = text.partition(LOCAL)
+    if not sep:
+        return text, None, None
+    h, _, outer = rest.partition(":")
+    if not h.isdigit() or int(h) < 1:
+        raise ValueError(f"{text!r}: local steps are +local:H[:outer] with H >= 1")
+    return head, int(h), outer or None
 
 
 def split_run(text: str) -> tuple[str, str, int]:
     """A convergence-map cell's configuration, "<method>[@<momentum sync>][+warmup:<K>]", as (method, sync,
     dense warm-up steps): "vote-1bit@adaptive" -> ("vote-1bit", "adaptive", 0), "vote-1bit+warmup:100" ->
     ("vote-1bit", "none", 100). One-line ValueError for a bad K."""
-    head, sep, k = text.partition(WARMUP)
+    head, sep, k = split_local(text)[0].partition(WARMUP)
     warmup = 0
     if sep:
         if not k.isdigit() or int(k) < 1:

@@ -37,6 +37,8 @@ class TrainConfig:
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
+    local_steps: int | None = None  # LionCub(local_steps=H): H local steps, then an outer exchange of `method`
+    outer: str | None = None  # the outer optimizer with local_steps, "kind[:LR[:MU]]" (default nesterov)
     lr: float | None = None  # None: the model's DEFAULT_LR, the best of a measured sweep
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -87,12 +89,17 @@ class TrainConfig:
         if self.dense_warmup < 0 or (self.dense_warmup and run.plain_lion):
             raise ValueError("dense_warmup must be >= 0 and applies to LionCub's methods, not "
                              + ", ".join(c.name for c in configs.CONFIGURATIONS if c.plain_lion))
+        if (self.local_steps is not None or self.outer is not None) and run.plain_lion:
+            raise ValueError("local_steps and outer apply to LionCub's methods (allreduce is DiLoCo's dense outer "
+                             "all-reduce), not " + ", ".join(c.name for c in configs.CONFIGURATIONS if c.plain_lion))
         if self.hierarchical and (not run.compressed or run.wrapper.fsdp):
             raise ValueError("hierarchical applies to the compressed methods without hsdp (which is hierarchical "
                              "by construction)")
-        if run.wrapper.fsdp and (self.ddp_hook or (self.checkpoint_dir and run.plain_lion)):
+        if run.wrapper.fsdp and (self.ddp_hook or self.local_steps is not None or (self.checkpoint_dir and
+                                                                                   run.plain_lion)):
             raise ValueError(f"{self.method}: " + ("ddp_hook does not apply to hsdp" if self.ddp_hook else
-                             "checkpoints of plain Lion on a sharded model are not available yet"))
+                             "local steps on a sharded model are not supported yet" if self.local_steps is not None
+                             else "checkpoints of plain Lion on a sharded model are not available yet"))
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 
@@ -271,7 +278,7 @@ def make_optimizer(cfg: TrainConfig, model):
                    momentum_sync=schedules.parse(cfg.momentum_sync),
                    bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
                    dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
-                   timing=cfg.timing)
+                   timing=cfg.timing, local_steps=cfg.local_steps, outer=cfg.outer)
 
 
 def _step_figures(opt, backward_s: float, world: int, fsdp: tuple[int, int] | None = None) -> dict:
@@ -302,6 +309,7 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     return dict(
         model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps, lr=cfg.lr,
         momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
+        local_steps=cfg.local_steps, outer=str(opt.local.outer) if getattr(opt, "local", None) else None,
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
         comm_seconds=med("comm_s"),

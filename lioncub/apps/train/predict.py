@@ -49,5 +49,7 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     else:
         method, bucket_mb = run.method.name, cfg.bucket_mb or auto_bucket_mb(4 * params)
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
+    if getattr(cfg, "local_steps", None):
+        layout["local_steps"] = cfg.local_steps
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
                          levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype, overlap=overlap, **layout)

@@ -1,0 +1,197 @@
+"""The outer step of local steps (lioncub.optim.local): the ranks agree on one update from their pseudo-
+gradients, through the registered method's codec, with error feedback; then the outer optimizer moves the
+anchor that every replica restarts from.
+
+Per bucket, on rank i (fp32, whatever the parameters' dtype):
+
+    delta_i = anchor - p_i                      the pseudo-gradient (the parameters' change since the anchor)
+    e_i     = delta_i + r_i                     with the residual r_i that compression dropped last time
+    a_i,t   = mean |e_i| over tensor t          this rank's scale of each parameter tensor
+    s_t     = (1/N) sum_i a_i,t                 the agreed scale (an all-gather of the scales, summed in rank
+                                                order on every rank: the same bits everywhere)
+    code    = the method's codec of e_i (beta1 = 0, so the codec's c is e_i; no momentum update)
+    G       = s_t * U                           U: the agreed update the codec decodes (a vote's sign, avg-pbit's
+                                                mean sign, l1-pbit's sign of the summed levels)
+    r_i    <- e_i - C_i(e_i)                    C_i: what rank i's own message stands for: a_i,t * sign(e_i) for
+                                                the sign codecs, q * 2 a_i,t / s (q its L1 levels) for l1-pbit
+
+The dense method (the baseline, DiLoCo's outer all-reduce) averages delta_i in fp32: G = mean_i delta_i, no
+residual. One rank: G = delta. The outer optimizer (`Outer`) then takes the anchor to its next value:
+
+    avg[:LR[:MU]]        v <- MU v + G; anchor -= LR v                (LR 1, MU 0: parameter averaging)
+    nesterov[:LR[:MU]]   v <- MU v + G; anchor -= LR (G + MU v)       (DiLoCo's outer SGD: LR 0.7, MU 0.9)
+    sign[:LR[:MU]]       v <- MU v + G; anchor -= LR H lr sign(G + MU v)   (a Lion-like step of H inner steps'
+                                                                       reach, lr the group's; LR 0.5, MU 0.9)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lioncub.comm import transport, wire
+
+OUTERS = {"avg": (1.0, 0.0), "nesterov": (0.7, 0.9), "sign": (0.5, 0.9)}
+
+
+@dataclass(frozen=True)
+class Outer:
+    """The outer optimizer: kind (one of OUTERS), its learning rate and momentum."""
+
+    kind: str = "nesterov"
+    lr: float = 0.7
+    momentum: float = 0.9
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.lr:g}:{self.momentum:g}"
+
+
+def parse_outer(spec) -> Outer:
+    """An Outer from "kind[:LR[:MU]]" (or an Outer); a clear ValueError otherwise."""
+    if isinstance(spec, Outer):
+        return spec
+    kind, *rest = str(spec).split(":")
+    if kind not in OUTERS or len(rest) > 2:
+        raise ValueError(f"outer must be 'kind[:LR[:MU]]' with kind one of {', '.join(OUTERS)}, got {spec!r}")
+    try:
+        values = [float(v) for v in rest]
+    except ValueError:
+        raise ValueError(f"outer {spec!r}: LR and MU must be numbers") from None
+    lr, mu = (values + list(OUTERS[kind])[len(values):])[:2]
+    if not lr > 0 or not 0 <= mu < 1:
+        raise ValueError(f"outer {spec!r}: LR must be > 0 and MU in [0, 1)")
+    return Outer(kind, lr, mu)
+
+
+def segment_mean_abs(e: torch.Tensor, offsets: list[int]) -> torch.Tensor:
+    """float64 mean |e| of each segment [offsets[j], offsets[j+1])."""
+    return torch.stack([e[s:t].abs().sum(dtype=torch.float64) / (t - s) for s, t in zip(offsets[:-1], offsets[1:])])
+
+
+def expand(values: torch.Tensor, offsets: list[int]) -> torch.Tensor:
+    """One fp32 value per segment, repeated over the segment's elements."""
+    sizes = torch.tensor([t - s for s, t in zip(offsets[:-1], offsets[1:])], device=values.device)
+    return torch.repeat_interleave(values.float(), sizes)
+
+
+def local_value(codec, e: torch.Tensor, scale: torch.Tensor, mult, offsets: list[int], levels: int) -> torch.Tensor:
+    """C_i(e): what this rank's message of e stands for (see the module's docstring)."""
+    if codec.l1:  # the codec's own levels: q = clamp(rint(e * mult_t), -s, s), standing for q / mult_t
+        out = e.clone()
+        for m, s, t in zip(mult.tolist(), offsets[:-1], offsets[1:]):
+            if m > 0:
+                out[s:t].mul_(m).round_().clamp_(-levels, levels).div_(m)
+            else:
+                out[s:t].zero_()
+        return out
+    return torch.sign(e).mul_(expand(scale, offsets))
+
+
+class OuterExchange:
+    """The buffers and collectives of the outer step, per bucket of the engine."""
+
+    def __init__(self, engine, error_feedback: bool):
+        self.engine, self.spec = engine, engine.spec
+        self.error_feedback = error_feedback and not self.spec.dense
+        buckets = engine.buckets
+        for b in buckets:
+            if b.offsets[0] != 0 or b.offsets[-1] != b.n:
+                raise ValueError("local steps need buckets whose tensors fill them")
+        f32 = [dict(dtype=torch.float32, device=b.p.device) for b in buckets]
+        self.delta = [torch.zeros(b.n, **kw) for b, kw in zip(buckets, f32)]
+        self.residual = [torch.zeros(b.n, **kw) for b, kw in zip(buckets, f32)] if self.error_feedback else None
+        self.update = [torch.zeros(b.n, **kw) for b, kw in zip(buckets, f32)] if not self.spec.dense else None
+        self.xs = None  # built on the first outer step, for the engine's process group then
+
+    def _exchanges(self):
+        e = self.engine
+        if self.xs is None:
+            self.xs = [self.spec.exchange(b.n, b.p.device, e.group, levels=e.levels, grad_wire_dtype="float32",
+                                          grads=d) for b, d in zip(e.buckets, self.delta)]
+        return self.xs
+
+    def pseudo_gradients(self, anchors) -> None:
+        """delta (+ the residual) of every bucket, into self.delta."""
+        for b, a, d, k in zip(self.engine.buckets, anchors, self.delta, range(len(self.delta))):
+            torch.sub(a, b.p.float(), out=d)
+            if self.residual is not None:
+                d.add_(self.residual[k])
+
+    def agree(self, anchors) -> tuple[list | None, list]:
+        """The agreed outer gradient G of every bucket (None if some rank's pseudo-gradient is not finite:
+        the outer step is skipped everywhere), and the collectives it took."""
+        self.pseudo_gradients(anchors)
+        e = self.engine
+        if e.world_size == 1:
+            return (self.delta if all(torch.isfinite(d).all() for d in self.delta) else None), []
+        if self.spec.dense:
+            return self._dense()
+        return self._compressed()
+
+    def _dense(self):
+        xs, e = self._exchanges(), self.engine
+        ok = all(bool(torch.isfinite(d).all()) for d in self.delta)
+        bad = transport.any_rank(not ok, e.group, e.buckets.device, "outer non-finite")
+        collectives = [wire.Collective("allreduce", 4, "int32")]
+        if bad:
+            return None, collectives
+        for x in xs:
+            x()
+            collectives += x.collectives
+        return self.delta, collectives
+
+    def _scales(self, mine: list, ok: bool):
+        """All-gather [non-finite flag, this rank's scales]; (ranks with a non-finite pseudo-gradient, the
+        agreed scales per bucket), summed in rank order on every rank alike."""
+        e = self.engine
+        msg = torch.cat([torch.tensor([0.0 if ok else 1.0], dtype=torch.float64, device=mine[0].device), *mine])
+        rows = torch.empty(e.world_size * msg.numel(), dtype=torch.float64, device=msg.device)
+        transport.call("all_gather_into_tensor (outer scales)", transport.all_gather, rows, msg, group=e.group)
+        rows = rows.view(e.world_size, -1)
+        total = rows[0].clone()
+        for r in rows[1:]:
+            total += r
+        total[1:] /= e.world_size
+        out, at = [], 1
+        for m in mine:
+            out.append(total[at : at + m.numel()])
+            at += m.numel()
+        collective = wire.Collective("allgather", rows.numel() * 8, "float64")
+        return int(total[0].item()), out, collective
+
+    def _compressed(self):
+        e, xs = self.engine, self._exchanges()
+        buckets = e.buckets
+        prepared = [x.prepare(d, d, beta1=0.0, offsets=b.offsets) for b, x, d in zip(buckets, xs, self.delta)]
+        mine = [segment_mean_abs(d, b.offsets) for b, d in zip(buckets, self.delta)]
+        ok = all(bool(flag) for flag, _ in prepared) and all(bool(torch.isfinite(m).all()) for m in mine)
+        bad, scales, collective = self._scales(mine, ok)
+        collectives = [collective]
+        if bad:
+            return None, collectives
+        parity = e.zero_parity(e.steps)
+        for k, (b, x, d, (_, mult)) in enumerate(zip(buckets, xs, self.delta, prepared)):
+            x.pack(d, d, mult, beta1=0.0, beta2=0.0, offsets=b.offsets, zero_parity=parity, update_momentum=False)
+            code = x()
+            collectives += x.collectives
+            u = self.update[k].zero_()
+            x.apply(u, code, lr=-1.0, wd=0.0)  # u = 0 + U
+            u.mul_(expand(scales[k], b.offsets))
+            if self.residual is not None:
+                self.residual[k].copy_(d).sub_(local_value(x.codec, d, mine[k], mult, b.offsets, x.levels))
+        return self.update, collectives
+
+
+def outer_update(outer: Outer, anchor, velocity, G, *, inner_reach: float) -> None:
+    """Move one bucket's anchor by the outer optimizer (module docstring); `inner_reach` is H * lr."""
+    if velocity is not None:
+        velocity.mul_(outer.momentum).add_(G)
+    if outer.kind == "avg":
+        anchor.sub_(velocity if velocity is not None else G, alpha=outer.lr)
+        return
+    direction = G if velocity is None else G.add(velocity, alpha=outer.momentum)
+    if outer.kind == "sign":
+        anchor.sub_(torch.sign(direction), alpha=outer.lr * inner_reach)
+    else:
+        anchor.sub_(direction, alpha=outer.lr)

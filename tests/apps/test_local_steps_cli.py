@@ -1,0 +1,32 @@
+"""`lioncub train --local-steps H --outer ...`, and the benches' +local:H configurations."""
+
+import argparse
+import json
+
+import pytest
+
+
+def test_lioncub_train_local_steps_flag(tmp_path):
+    from lioncub.apps.benchmarks.train import _configs
+    from lioncub.apps.train.cli import config_from_args, register
+    from lioncub.apps.train.configs import split_local, split_run
+    from lioncub.apps.train.loop import TrainConfig
+    from lioncub.cli import main
+
+    log = tmp_path / "steps.jsonl"
+    assert main(["train", "--model", "mlp", "--ranks", "2", "--steps", "4", "--method", "vote-1bit",
+                 "--local-steps", "2", "--outer", "avg", "--log", str(log), "--json"]) == 0
+    sent = [json.loads(line)["bytes_sent"] for line in log.read_text().splitlines()]
+    assert sent[0] == sent[2] == 0 and sent[1] == sent[3] > 0
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    cfg = config_from_args(parser.parse_args(["train", "--local-steps", "25", "--outer", "sign:0.5"]))
+    assert (cfg.local_steps, cfg.outer) == (25, "sign:0.5")
+    with pytest.raises(ValueError, match="local_steps and outer apply to LionCub"):
+        TrainConfig(method="ddp+lion", local_steps=3)
+    assert split_local("vote-1bit+local:25:avg:1") == ("vote-1bit", 25, "avg:1")
+    assert split_run("vote-1bit@every:10+local:5") == ("vote-1bit", "every:10", 0)
+    with pytest.raises(ValueError, match=r"\+local:H"):
+        split_local("vote-1bit+local:0")
+    assert _configs("ddp+lion,vote-1bit,allreduce+local:5:avg", local_steps=10) == [
+        ("ddp+lion", "none", False), ("vote-1bit+local:10", "none", False), ("allreduce+local:5:avg", "none", False)]

@@ -1,0 +1,189 @@
+"""Local steps (LionCub(local_steps=H)): multi-rank scenarios and an independent oracle of the whole algorithm.
+
+The gradients are a function of (rank, step) alone, never of the parameters, so the oracle can replay every
+rank's local Lion steps, the codec's agreed update, the agreed scale, the error-feedback residuals and the outer
+optimizer in plain torch from the module's own formulas, without LionCub's code."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from lioncub import LionCub
+from lioncub.methods.l1_pbit import default_levels
+
+SHAPES = [(7, 5), (13,), (3, 3, 3), (33,), (2, 17)]
+BUCKET_MB = 256 / 2**20  # several buckets
+LR, WD, B1, B2 = 0.01, 0.1, 0.9, 0.99
+
+
+def initial():
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(s, generator=gen) for s in SHAPES]
+
+
+def grads(rank: int, step: int, bad=None):
+    """Rank `rank`'s gradients at `step` (no exact zeros); `bad` = (rank, step) gets an inf."""
+    gen = torch.Generator().manual_seed(1000 * step + rank)
+    gs = [torch.randn(s, generator=gen) for s in SHAPES]
+    if bad is not None and (rank, step) == tuple(bad):
+        gs[1][3] = float("inf")
+    return gs
+
+
+def make(method, H, outer, error_feedback=True):
+    params = [torch.nn.Parameter(t.clone()) for t in initial()]
+    opt = LionCub(params, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=BUCKET_MB,
+                  local_steps=H, outer=outer, error_feedback=error_feedback)
+    return params, opt
+
+
+def run(params, opt, rank, first, last, bad=None, nan_at=None):
+    """Steps first..last; returns each step's parameters (flat) and bytes sent."""
+    out = []
+    for step in range(first, last + 1):
+        opt.zero_grad()
+        for p, g in zip(params, grads(rank, step, bad)):
+            p.grad.copy_(g)
+        if nan_at is not None and (rank, step) == tuple(nan_at):
+            params[0].data[0, 0] = float("nan")  # from outside the optimizer: the pseudo-gradient is not finite
+        opt.step()
+        out.append(dict(params=[p.detach().clone() for p in params], bytes=opt.stats.last_bytes_sent))
+    return out
+
+
+def residuals_by_param(opt, params):
+    """The error-feedback residual of each parameter (from the buckets' flat residuals)."""
+    res = opt.local.residual
+    if res is None:
+        return None
+    where = {}
+    for k, b in enumerate(opt.engine.buckets):
+        for _, p, s, e in b.segments():
+            where[id(p)] = res[k][s:e].clone().view(p.shape)
+    return [where[id(p)] for p in params]
+
+
+def scenario(rank, world_size, method, H, outer, steps, bad=None, nan_at=None, error_feedback=True):
+    params, opt = make(method, H, outer, error_feedback)
+    recs = run(params, opt, rank, 1, steps, bad, nan_at)
+    return dict(records=recs, residual=residuals_by_param(opt, params), local_skips=opt.local.local_skips,
+                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips,
+                levels=opt.levels, momentum=[opt.state[p]["exp_avg"].clone() for p in params])
+
+
+def resume_case(rank, world_size, method, H, outer, steps, cut):
+    """Uninterrupted vs saved after `cut` steps and resumed in a fresh optimizer: bit for bit."""
+    params, opt = make(method, H, outer)
+    full = run(params, opt, rank, 1, steps)
+    params, opt = make(method, H, outer)
+    run(params, opt, rank, 1, cut)
+    saved = dict(opt=opt.state_dict(), params=[p.detach().clone() for p in params])
+    params, opt = make(method, H, outer)
+    with torch.no_grad():
+        for p, v in zip(params, saved["params"]):
+            p.copy_(v)
+    opt.load_state_dict(saved["opt"])
+    resumed = run(params, opt, rank, cut + 1, steps)
+    same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
+    return dict(same=same, steps=len(resumed))
+
+
+def no_sync_case(rank, world_size, H):
+    """Two micro-batches under no_sync vs one step on their sum: the same parameters; no bytes on inner steps."""
+    out = []
+    for accumulate in (True, False):
+        params, opt = make("vote-1bit", H, "avg")
+        sent = []
+        for step in range(1, H + 1):
+            opt.zero_grad()
+            a, b = grads(rank, step), grads(rank + 100, step)
+            if accumulate:
+                with opt.no_sync():
+                    for p, g in zip(params, a):
+                        p.grad.add_(g)
+                for p, g in zip(params, b):
+                    p.grad.add_(g)
+            else:
+                for p, g, h in zip(params, a, b):
+                    p.grad.copy_(g + h)
+            opt.step()
+            sent.append(opt.stats.last_bytes_sent)
+        out.append(([p.detach().clone() for p in params], sent))
+    flat = torch.cat([p.reshape(-1) for p in out[0][0]])
+    gathered = [torch.empty_like(flat) for _ in range(world_size)]
+    dist.all_gather(gathered, flat)
+    return dict(same=all(torch.equal(x, y) for x, y in zip(out[0][0], out[1][0])), sent=out[0][1],
+                replicas=all(torch.equal(gathered[0], g) for g in gathered))
+
+
+# --- the oracle -----------------------------------------------------------------------------------------
+
+
+def lion(p, m, g):
+    """One Lion step in plain torch: p <- p(1 - lr wd) - lr sign(b1 m + (1 - b1) g); m <- b2 m + (1 - b2) g."""
+    c = m * B1 + g * (1 - B1)
+    p = p * (1 - LR * WD) - LR * torch.sign(c)
+    return p, m * B2 + g * (1 - B2)
+
+
+def agreed(kind, es, levels):
+    """(G per tensor for every rank alike, each rank's residual) of the pseudo-gradients es[rank][tensor]."""
+    N = len(es)
+    G, res = [], [[] for _ in es]
+    for t in range(len(es[0])):
+        a = [e[t].double().abs().mean() for e in es]
+        s = sum(a) / N
+        if kind == "dense":
+            G.append(sum(e[t] for e in es) / N)
+            continue
+        if kind == "l1":
+            mult = [((levels / 2) / x).float() for x in a]
+            qs = [torch.clamp(torch.round(e[t] * k), -levels, levels) for e, k in zip(es, mult)]
+            U = torch.sign(sum(qs))
+            local = [q / k for q, k in zip(qs, mult)]
+        else:
+            signs = [torch.sign(e[t]) for e in es]
+            U = sum(signs) / N if kind == "mean" else torch.sign(sum(signs))
+            local = [x.float() * sg for x, sg in zip(a, signs)]
+        G.append(U * s.float())
+        for i, e in enumerate(es):
+            res[i].append(e[t] - local[i])
+    return G, res
+
+
+def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True):
+    """Every rank's parameters after each step, and the final residuals. outer = (kind, lr, momentum)."""
+    okind, olr, mu = outer
+    p = [[t.clone() for t in initial()] for _ in range(N)]
+    m = [[torch.zeros_like(t) for t in initial()] for _ in range(N)]
+    anchor = [t.clone() for t in initial()]
+    v = [torch.zeros_like(t) for t in anchor]
+    r = [[torch.zeros_like(t) for t in anchor] for _ in range(N)]
+    history = []
+    for step in range(1, steps + 1):
+        for i in range(N):
+            gs = grads(i, step, bad)
+            if all(torch.isfinite(g).all() for g in gs):
+                p[i], m[i] = map(list, zip(*[lion(x, y, g) for x, y, g in zip(p[i], m[i], gs)]))
+        if step % H == 0:
+            es = [[a - x + (rr if error_feedback and kind != "dense" else 0) for a, x, rr in zip(anchor, p[i], r[i])]
+                  for i in range(N)]
+            G, res = agreed(kind, es, levels)
+            if error_feedback and kind != "dense":
+                r = res
+            for t in range(len(anchor)):
+                v[t] = v[t] * mu + G[t]
+                d = v[t] if okind == "avg" else G[t] + mu * v[t]
+                anchor[t] = anchor[t] - (olr * H * LR * torch.sign(d) if okind == "sign" else olr * d)
+            p = [[a.clone() for a in anchor] for _ in range(N)]
+        history.append([[x.clone() for x in p[i]] for i in range(N)])
+    return history, r
+
+
+KINDS = {"allreduce": "dense", "vote-1bit": "sign", "vote-pbit": "sign", "vote-allgather": "sign",
+         "avg-pbit": "mean", "l1-pbit": "l1"}
+
+
+def levels_for(method, N):
+    return default_levels(N) if method == "l1-pbit" else 0
