@@ -1,6 +1,8 @@
-"""Files named on the command line: read one, or check before a long run that one can be written.
+"""Files named on the command line: read one, check before a long run that one can be written, or write JSON
+so that a crash never leaves half a file.
 
-Both fail with a one-line ValueError (which `lioncub` prints as `lioncub: error: ...`), not a traceback.
+Reading and checking fail with a one-line ValueError (which `lioncub` prints as `lioncub: error: ...`), not a
+traceback.
 """
 
 from __future__ import annotations
@@ -33,3 +35,14 @@ def check_writable(path, flag: str) -> None:
         raise ValueError(f"{flag} {path}: no such directory {parent}")
     if not os.access(parent, os.W_OK | os.X_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"{flag} {path}: permission denied")
+
+
+def write_json(path, value, indent: int | None = 1, newline: bool = False) -> None:
+    """Write `value` as JSON to `path` through a temporary file and a rename: readers see the old file or the
+    whole new one."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(value, f, indent=indent)
+        if newline:
+            f.write("\n")
+    os.replace(tmp, path)

@@ -22,6 +22,7 @@ import time
 from lioncub.apps.train.configs import parse as configuration
 from lioncub.apps.train.configs import split_local, split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
+from lioncub.files import write_json
 
 # The grid, sized for a 2-core machine: char-tiny, 200 steps, block 64 (TrainConfig's defaults otherwise).
 # The regimes' learning rates: TrainConfig's default (the tuned one) times LR_FACTORS.
@@ -155,10 +156,7 @@ def _run_one(res: dict, run: dict, steps: int, base, output: str | None) -> None
     print(f"  {run['config']} {regime_key(run)} seed {run['seed']}: loss {s['final_loss']:.4f}"
           f" ({row['wall_seconds']:.0f} s)", file=sys.stderr, flush=True)
     if output:
-        tmp = output + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(res, f, indent=1)
-        os.replace(tmp, output)
+        write_json(output, res)
 
 
 def merge(paths: list[str]) -> dict:

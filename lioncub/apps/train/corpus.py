@@ -40,6 +40,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from lioncub.files import write_json
+
 NAME = "python-src"
 FORMAT = 1
 VAL_FRACTION = 0.05
@@ -246,9 +248,7 @@ def _write(out: Path, srcs: list[Source], progress: bool) -> None:
         **{k: dict(path=f"{k}.bin", bytes=v["bytes"], documents=v["documents"], sha256=v["sha"].hexdigest())
            for k, v in splits.items()})
     manifest["build_seconds"] = round(time.perf_counter() - t0, 2)
-    tmp_manifest = out / "manifest.json.tmp"
-    tmp_manifest.write_text(json.dumps(manifest, indent=1) + "\n")
-    os.replace(tmp_manifest, out / "manifest.json")  # last: a corpus without its manifest is not one
+    write_json(out / "manifest.json", manifest, newline=True)  # last: a corpus without its manifest is not one
 
 
 # --- loading ---------------------------------------------------------------------------------------------------

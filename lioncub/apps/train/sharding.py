@@ -14,6 +14,7 @@ import os
 import torch.distributed as dist
 
 from lioncub.comm import wire
+from lioncub.files import write_json
 
 
 def node_size(cfg, world: int) -> int:
@@ -85,9 +86,7 @@ def save(directory: str, model, opt, step: int, rank: int, records: list) -> str
     checkpoint.save(path, model, opt)
     dist.barrier()
     if rank == 0:
-        with open(os.path.join(path, "records.json.tmp"), "w") as f:
-            json.dump(dict(step=step, records=records), f)
-        os.replace(os.path.join(path, "records.json.tmp"), os.path.join(path, "records.json"))
+        write_json(os.path.join(path, "records.json"), dict(step=step, records=records), indent=None)
     return path
 
 
