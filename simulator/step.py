@@ -52,6 +52,7 @@ from lioncub import methods
 from lioncub.comm import wire
 
 from . import contention
+from . import sharded as shard
 from .cluster import Cluster
 from .collectives import (
     ALGORITHMS,
@@ -119,6 +120,11 @@ class StepResult:
     step_interval: tuple[float, float] | None = None
     speedup_interval: tuple[float, float] | None = None
     local_steps: int | None = None  # H: the outer exchange every H steps, amortized per step
+    sharded: bool = False  # the model sharded by FSDP2 inside nodes of node_size ranks (HSDP)
+    # fp32 parameters, gradients and momenta each rank holds, and that over an unsharded replica's (12 B/param)
+    memory_bytes_per_rank: float = 0.0
+    memory_fraction: float = 1.0
+    node_bytes_per_rank: float = 0.0  # of bytes_sent_per_rank, what stays inside the node (sharded: FSDP's)
 
     @property
     def seconds(self) -> float:
@@ -142,7 +148,8 @@ def simulate_step(
     bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
     algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
     backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
-    hierarchical: bool = False, local_steps: int | None = None, _baseline: bool = True,
+    hierarchical: bool = False, local_steps: int | None = None, sharded: bool = False, units=None,
+    param_dtype: str = "float32", _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
@@ -163,10 +170,27 @@ def simulate_step(
     hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
         methods with a codec only). The baseline stays torch DDP's flat allreduce.
     local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized (see above).
+    sharded: the model sharded by FSDP2 inside nodes of cluster.gpus_per_node ranks, the method across nodes
+        on the shards (HSDP, simulator/sharded.py; a dense method: FSDP2's own HSDP with plain Lion, which is
+        then the baseline). units: the FSDP units' parameter counts in forward order, the root first
+        (default: bucket_mb MiB each); param_dtype: the parameters' all-gather dtype (MixedPrecisionPolicy).
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
     """
+    args = dict(locals())
+    layout = {k: args.pop(k) for k in ("sharded", "units", "param_dtype")}
+    if layout.pop("sharded"):
+        return _sharded_step(args, **layout)
+    if layout["units"] is not None or layout["param_dtype"] != "float32":
+        raise ValueError("units and param_dtype describe the sharded layout: give sharded=True")
+    return _replicated_step(**args)
+
+
+def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second,
+                     tokens_per_step, backend, algorithm, *, grad_dtype, levels, memory_bandwidth, backward_fraction,
+                     overlap, cache, exact, hierarchical, local_steps, _baseline) -> StepResult:
+    """simulate_step in the flat and hierarchical layouts (every rank holds the whole model)."""
     meth = methods.get(method)
     _check_layout(meth, hierarchical, local_steps, momentum_sync)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
@@ -187,7 +211,9 @@ def simulate_step(
         base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
                                              cache, exact)
     speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
+    held, fraction = shard.memory(P, G or 1, "hierarchical" if G else "flat")
     return StepResult(
+        memory_bytes_per_rank=held, memory_fraction=fraction,
         hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"], contention=t.get("contention"),
         step_interval=interval(step, err), speedup_interval=_baseline and ratio_interval(speedup, err) or None,
         method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
@@ -197,6 +223,42 @@ def simulate_step(
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict, local_steps=local_steps,
     )
+
+
+def _sharded_step(a: dict, units, param_dtype) -> StepResult:
+    """simulate_step with sharded=True (simulator/sharded.py); `a`: its other arguments."""
+    meth = methods.get(a["method"])
+    shard.check(a["cluster"], meth, a["hierarchical"], a["local_steps"], a["momentum_sync"], param_dtype)
+    P, K, compute, mem_bw = _check_inputs(a["cluster"], a["params"], a["grad_dtype"], a["bucket_mb"],
+                                          a["momentum_sync"], a["backward_fraction"], a["memory_bandwidth"],
+                                          a["compute_seconds"], a["flops_per_second"], a["tokens_per_step"])
+    profile, cache = get_profile(a["backend"]), a["cache"] if a["cache"] is not None else Cache()
+    cluster, host = _host_transport(a["cluster"], profile)
+    sizes, bwd = shard.unit_sizes(P, units, a["bucket_mb"]), compute * a["backward_fraction"]
+    t = shard.simulate(dict(
+        cluster=cluster, profile=profile, meth=meth, P=P, sizes=sizes, K=K, fwd=compute - bwd, bwd=bwd,
+        update_bytes=UPDATE_BYTES_PER_PARAM, update_bw=profile.codec_bandwidth.get("update", mem_bw),
+        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), host=host, spec=_step_spec(a["algorithm"]),
+        cache=cache, exact=a["exact"], levels=a["levels"], grad_dtype=a["grad_dtype"], param_dtype=param_dtype,
+        overlap=a["overlap"]))
+    step, base_dict = t["step"], None
+    base_step = step
+    if a["_baseline"] and not meth.dense:  # the sharded baseline: FSDP2's own HSDP and plain Lion
+        base = simulate_step(**{**a, "method": methods.BASELINE, "momentum_sync": None, "levels": None,
+                                "cache": cache, "_baseline": False}, sharded=True, units=sizes, param_dtype=param_dtype)
+        base_step = base.step_seconds
+        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+    speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
+    return StepResult(
+        method=meth.name, backend=profile.name, ranks=cluster.ranks, params=P, step_seconds=step,
+        compute_seconds=compute, optimizer_seconds=t["optimizer"], codec_seconds=t["codec"],
+        communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"], momentum_sync_seconds=t["msync"],
+        bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step, speedup=speedup,
+        momentum_sync=None if meth.dense else K, buckets=len(sizes), collectives=t["collectives"], baseline=base_dict,
+        node_size=cluster.gpus_per_node, nic_bytes_per_node=t["nic"], contention=t["contention"],
+        step_interval=interval(step, err), speedup_interval=a["_baseline"] and ratio_interval(speedup, err) or None,
+        sharded=True, memory_bytes_per_rank=t["memory"], memory_fraction=t["memory_fraction"],
+        node_bytes_per_rank=t["node_sent"])
 
 
 def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps=None) -> dict:

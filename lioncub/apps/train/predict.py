@@ -16,19 +16,20 @@ def momentum_interval(spec: str, steps: int) -> int | None:
 
 
 def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwidth, ranks_per_host: int = 1,
-                 latency=0.0, profile=None):
+                 latency=0.0, profile=None, units=None):
     """simulate_step for a run of `cfg` (a TrainConfig) on `ranks` ranks, `ranks_per_host` per host (a node),
     over links of `bandwidth`, with the lab's calibrated Gloo profile by default. The ddp+lion baseline is the
-    allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes;
+    allreduce method, overlapped. A hierarchical `cfg` is simulated with the cluster's nodes as its nodes, an
+    hsdp one in the sharded layout on them (`units`: its FSDP units' parameter counts, default cfg's model's);
     raises NotImplementedError where the simulator cannot model the run (then there is no prediction)."""
     from lioncub.simulator import Cluster, simulate_step
 
-    layout = {}
-    if cfg.hierarchical:
+    run, layout = cfg.configuration, {}
+    if cfg.hierarchical or run.wrapper.fsdp:
         if cfg.node_size not in (None, ranks_per_host):
             raise NotImplementedError(f"the simulator's nodes are the hosts ({ranks_per_host} ranks), not nodes of "
                                       f"{cfg.node_size}")
-        layout["hierarchical"] = True
+        layout["sharded" if run.wrapper.fsdp else "hierarchical"] = True
 
     if profile is None:
         from lioncub.apps.calibrate import default_lab_profile
@@ -37,11 +38,12 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     cluster = Cluster.for_ranks(ranks, ranks_per_host, bandwidth=bandwidth, latency=latency)
     from lioncub.comm.wire import auto_bucket_mb
 
-    run = cfg.configuration
-    if run.wrapper.fsdp:
-        raise NotImplementedError("the simulator does not model FSDP2's sharded layout (its all-gathers and "
-                                  "reduce-scatter inside the node) yet")
-    if run.plain_lion:  # the wrapper communicates
+    if run.wrapper.fsdp:  # FSDP2's units; its collectives in the parameters' dtype (fp32: no MixedPrecisionPolicy)
+        layout["units"] = units if units is not None else unit_params(cfg)
+        layout["grad_dtype"] = "float32"
+    if run.plain_lion and run.wrapper.fsdp:  # FSDP2's own HSDP: its all-reduce across nodes, plain Lion
+        method, bucket_mb, interval, overlap = methods.BASELINE, DDP_BUCKET_MB, None, True
+    elif run.plain_lion:  # the wrapper communicates
         if not run.wrapper.torch_ddp:
             raise NotImplementedError(f"the simulator does not model {run.wrapper.name}'s communication")
         # torch DDP all-reduces the fp32 gradients in its buckets during backward
@@ -51,5 +53,15 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
     if getattr(cfg, "local_steps", None):
         layout["local_steps"] = cfg.local_steps
+    layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
-                         levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype, overlap=overlap, **layout)
+                         levels=cfg.levels, overlap=overlap, **layout)
+
+
+def unit_params(cfg) -> list[int]:
+    """The parameter counts of the FSDP units `lioncub train` makes of cfg's model (sharding.shard: the root's
+    own parameters, then each block), in forward order."""
+    from lioncub.apps.train.loop import build
+    from lioncub.apps.train.sharding import unit_params as of_model
+
+    return of_model(build(cfg)[0])

@@ -64,14 +64,23 @@ def attach(model, opt, cfg, mesh) -> None:
         attach_fsdp(model, opt, mesh)
 
 
+def unit_params(model) -> list[int]:
+    """Parameters of each FSDP unit `shard` makes, in forward order: the root's own (embeddings, final norm,
+    head), then each block."""
+    blocks = [sum(p.numel() for p in block.parameters()) for block in getattr(model, "blocks", ())]
+    return [sum(p.numel() for p in model.parameters()) - sum(blocks), *blocks]
+
+
 def fsdp_bytes(cfg, model, world: int) -> tuple[int, int]:
     """(across nodes, inside the node) bytes each rank sends per step for FSDP2's own collectives, by the ring
     formulas (wire.bus_factor; FSDP's collectives are not instrumented): inside the node, the gradients'
-    reduce-scatter and two parameter all-gathers (forward, and backward: FSDP2 reshards after forward), fp32;
-    across nodes, for hsdp+lion, FSDP's all-reduce of each shard (LionCub counts its own exchange)."""
+    reduce-scatter and the parameters' all-gathers, fp32: every unit's before forward, and again before
+    backward but the root's (FSDP2 reshards every unit after forward except the root); across nodes, for
+    hsdp+lion, FSDP's all-reduce of each shard (LionCub counts its own exchange)."""
     G = node_size(cfg, world)
     full = 4 * sum(p.numel() for p in model.parameters())
-    node = int((wire.bus_factor("reducescatter", G) + 2 * wire.bus_factor("allgather", G)) * full)
+    gathered = 2 * full - 4 * unit_params(model)[0]
+    node = int(wire.bus_factor("reducescatter", G) * full + wire.bus_factor("allgather", G) * gathered)
     nodes = world // G
     cross = int(wire.bus_factor("allreduce", nodes) * full / G) if cfg.configuration.plain_lion and nodes > 1 else 0
     return cross, node

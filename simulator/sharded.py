@@ -1,0 +1,209 @@
+"""The sharded layout (HSDP, `simulate_step(..., sharded=True)`): the model sharded by FSDP2 inside each node
+of G ranks, LionCub's method (or FSDP's own all-reduce) across the N/G nodes on each rank's 1/G shard.
+
+The model is a list of FSDP units (each `fully_shard` call), in forward order; unit 0 is the root. Per unit
+u of n_u parameters, each rank holds a shard of S_u = ceil(n_u / G) elements, and per step:
+
+* forward: an all-gather inside the node of the unit's parameters (output G S_u elements of `param_dtype`)
+  before its forward; FSDP2 frees them after it, except the root's (FSDP2 does not reshard the root after
+  forward), so backward all-gathers every unit but the root again;
+* backward: after the unit's backward, a reduce-scatter inside the node of its gradients (input G S_u of
+  `grad_dtype`), which leaves each rank the node's mean of its shard;
+* across nodes, on the shard: the baseline (a dense method: FSDP2's own HSDP with plain Lion) all-reduces
+  it in fp32 after the reduce-scatter; LionCub's method encodes it (codec on S_u elements, N/G voters) and
+  runs its collectives on it (one bucket per unit), then one control all-reduce over every rank;
+* the Lion update of the shard: 1/G of the optimizer's memory traffic; every K steps the momentum sync, an
+  fp32 all-reduce of each shard across nodes after the update (counted 1/K).
+
+Overlap, as FSDP2 and LionCub issue the work. On GPUs (`synchronous=False`) FSDP's collectives run on their
+own streams: the all-gathers one after another, each unit's issued when the previous unit's compute starts
+(forward: the CPU runs ahead of the kernels into the next unit's hook; backward: FSDP2's one-unit backward
+prefetch), its compute waiting for it; each reduce-scatter when its unit's backward is done, the baseline's
+all-reduce of a shard when its reduce-scatter is, and the end of backward waits for them all. On CPU ranks
+(`synchronous=True`: the profile's `codec_on_compute`) the issuing thread computes and FSDP2's collectives are
+synchronous (async_op=False), so each blocks the main thread where FSDP issues it. LionCub's thread (overlap)
+encodes and exchanges a unit's shard as soon as its reduce-scatter is done, in backward's order; without
+overlap that happens in step(), after backward. Every collective takes its time on an idle network (the
+step model's rule: node collectives use the node's links, cross ones the NICs) plus, on shared devices,
+the contention model's waits and CPU work (contention.py); without a host model the devices are not shared.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from lioncub.comm import wire
+
+from .collectives import simulate_collective, simulate_collectives
+from .contention import HOP_PROBE, Call, calls_of
+from .hosts import HostModel
+from .shardsim import ShardedSim
+
+REPLICA_BYTES_PER_PARAM = 12.0  # fp32 parameter, gradient and momentum of an unsharded replica (DDP + Lion)
+UNSHARED = HostModel(cores=1e9)  # devices nobody shares: every job at full speed, no waits
+
+
+def check(cluster, meth, hierarchical: bool, local_steps, momentum_sync, param_dtype: str) -> int:
+    """G, or a one-line ValueError for a sharded step that cannot run."""
+    G = cluster.gpus_per_node
+    if hierarchical or local_steps:
+        raise ValueError("sharded is its own layout: not with hierarchical or local_steps")
+    if G < 2:
+        raise ValueError("sharded needs nodes of several ranks (cluster.gpus_per_node > 1): one rank per node "
+                         "shards nothing")
+    if not meth.dense and cluster.nodes < 2:
+        raise ValueError(f"sharded {meth.name} votes across nodes and the cluster has one: give several nodes")
+    if meth.dense and momentum_sync:
+        raise ValueError("momentum_sync does not apply to a dense method: its ranks share one momentum")
+    if param_dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"param_dtype must be float32, bfloat16 or float16, got {param_dtype!r}")
+    return G
+
+
+def unit_sizes(P: int, units, bucket_mb: float) -> list[int]:
+    """The FSDP units' parameter counts in forward order: `units`, or P in units of bucket_mb MiB of fp32."""
+    if units is None:
+        per = max(1, int(bucket_mb * 2**20 // 4))
+        full, last = divmod(P, per)
+        return [per] * full + ([last] if last else [])
+    sizes = [int(u) for u in units]
+    if not sizes or any(u < 1 for u in sizes) or sum(sizes) != P:
+        raise ValueError(f"units must be positive parameter counts that add up to params ({P}), got {units!r}")
+    return sizes
+
+
+def memory(P: int, G: int, layout: str, sizes=None) -> tuple[float, float]:
+    """(bytes per rank of fp32 parameters, gradients and momenta, its fraction of an unsharded replica's):
+    flat 12 P; hierarchical the momentum of the shard only; sharded the shard of all three."""
+    if layout == "sharded":
+        held = REPLICA_BYTES_PER_PARAM * sum(-(-n // G) for n in sizes)
+    elif layout == "hierarchical":
+        held = 8.0 * P + 4.0 * wire.shard_elements(P, G)
+    else:
+        held = REPLICA_BYTES_PER_PARAM * P
+    return held, held / (REPLICA_BYTES_PER_PARAM * P)
+
+
+def unit_collectives(meth, n: int, N: int, G: int, lv: int, grad_dtype: str, param_dtype: str) -> dict:
+    """One unit's collectives (wire.Collective lists): the forward all-gather, the reduce-scatter, and across
+    nodes the baseline's all-reduce ("reduce", FSDP's, blocking backward's end) or the method's ("cross")."""
+    S, M = -(-n // G), N // G
+    out = dict(gather=[wire.Collective("allgather", G * S * wire.DTYPE_BYTES[param_dtype], param_dtype, "node")],
+               scatter=[wire.Collective("reducescatter", G * S * wire.DTYPE_BYTES[grad_dtype], grad_dtype, "node")],
+               reduce=[], cross=[], sync=[])
+    if meth.dense:
+        if M > 1:
+            out["reduce"] = [wire.Collective("allreduce", 4 * S, "float32", "cross")]
+    else:
+        out["cross"] = [dataclasses.replace(c, scope="cross") for c in meth.collectives(S, M, lv)]
+        out["sync"] = [wire.Collective("allreduce", 4 * S, "float32", "cross")]
+    return out
+
+
+class Wire:
+    """Each distinct list of collectives simulated once (and its twin at HOP_PROBE more latency, for the
+    contention model's count of latencies), as Calls and as bytes."""
+
+    def __init__(self, cluster, profile, spec, cache, exact):
+        self.cluster, self.profile, self.spec, self.cache, self.exact = cluster, profile, spec, cache, exact
+        c = cluster
+        self.twin = dataclasses.replace(c, latency=c.latency + HOP_PROBE, intra_latency=c.intra_latency + HOP_PROBE)
+        self.memo: dict = {}
+
+    def calls(self, what: str, colls: list, nbytes: float) -> tuple[list[Call], dict]:
+        """(the Calls, {seconds, sent, node_sent, nic, algorithm}) of `colls`, issued one after another."""
+        key = (what, tuple(colls))
+        if key not in self.memo:
+            if not colls:
+                self.memo[key] = [], dict(seconds=0.0, sent=0.0, node_sent=0.0, nic=0.0, algorithm="none")
+                return self.memo[key]
+            N, G = self.cluster.ranks, self.cluster.gpus_per_node
+            r, t = (simulate_collectives(cl, self.profile, what, colls, self.spec, nbytes, self.cache,
+                                         exact=self.exact, node_size=G) for cl in (self.cluster, self.twin))
+            node = wire.traffic([c for c in colls if c.scope == "node"], N, G)[0]
+            self.memo[key] = calls_of(r, t, what, nbytes, N, G), dict(
+                seconds=r.seconds, sent=r.bytes_sent_per_rank, node_sent=node, nic=r.nic_bytes_per_node,
+                algorithm=r.algorithm)
+        return self.memo[key]
+
+    def control(self) -> tuple[Call, dict]:
+        """LionCub's control all-reduce (wire.CONTROL) over every rank."""
+        if "control" not in self.memo:
+            c = wire.CONTROL
+            r, t = (simulate_collective(cl, c.op, self.spec.get(c.op, "auto"), c.nbytes, self.profile,
+                                        cache=self.cache, exact=self.exact) for cl in (self.cluster, self.twin))
+            hops = max(0.0, (t.seconds - r.seconds) / HOP_PROBE)
+            self.memo["control"] = (Call("control", r.algorithm, c.nbytes, r.seconds, hops, self.cluster.ranks,
+                                         2.0 * r.bytes_sent_per_rank),
+                                    dict(seconds=r.seconds, sent=r.bytes_sent_per_rank, node_sent=0.0,
+                                         nic=r.nic_bytes_per_node, algorithm=r.algorithm))
+        return self.memo["control"]
+
+
+def simulate(ctx: dict) -> dict:
+    """The sharded step: the StepResult fields simulate_step reports (see the module). ctx: cluster (with the
+    host's transport), profile, meth, P, sizes, K, fwd and bwd seconds, update_bytes, update_bw, codec_bw,
+    host (HostModel or None), spec, cache, exact, levels, grad_dtype, param_dtype, overlap."""
+    c, meth, G = ctx["cluster"], ctx["meth"], ctx["cluster"].gpus_per_node
+    N, P, host = c.ranks, ctx["P"], ctx["host"] or UNSHARED
+    weight = host.ranks_per_host(N, G) if ctx["host"] else 1
+    lv = meth.resolve_levels(N // G, ctx["levels"]) if meth.uses_levels else 0
+    per = 0.0 if meth.dense else meth.codec_bytes_per_element(N // G, lv, ctx["grad_dtype"])
+    net, tally = Wire(c, ctx["profile"], ctx["spec"], ctx["cache"], ctx["exact"]), Tally(ctx["K"])
+    plan, share = [], host.share(weight) if ctx["host"] else 1.0
+    for u, n in enumerate(ctx["sizes"]):
+        colls = unit_collectives(meth, n, N, G, lv, ctx["grad_dtype"], ctx["param_dtype"])
+        step = {}
+        for kind, what in (("gather", "fsdp allgather"), ("scatter", "fsdp reducescatter"),
+                           ("reduce", "fsdp allreduce"), ("cross", meth.name), ("sync", "momentum-sync")):
+            step[kind], figures = net.calls(what, colls[kind], 4 * n)
+            tally.add(what, figures, 4 * n, count=2 if kind == "gather" and u else 1, per_step=kind == "sync")
+        # the root (unit 0) stays gathered from forward to backward: FSDP2 does not reshard it
+        plan.append(dict(step, gather_back=step["gather"] if u else [], fwd=ctx["fwd"] * n / P * share,
+                         bwd=ctx["bwd"] * n / P * share, codec=per * -(-n // G) / ctx["codec_bw"]))
+    control = None
+    if not meth.dense:
+        control, figures = net.control()
+        tally.add(CONTROL_NAME, figures, wire.CONTROL.nbytes)
+    shard = sum(-(-n // G) for n in ctx["sizes"])
+    sim = ShardedSim(host, weight, plan, ctx["update_bytes"] * shard / ctx["update_bw"], control,
+                     [x for unit in plan for x in unit["sync"]] if ctx["K"] else [],
+                     bool(ctx["profile"].codec_on_compute), ctx["overlap"])
+    out = sim.run()
+    msync = out["msync"] / ctx["K"] if ctx["K"] else 0.0
+    held, fraction = memory(P, G, "sharded", ctx["sizes"])
+    return dict(step=out["step"] + msync, optimizer=out["update"], codec=out["codec"],
+                comm=out["comm"] + out["fsdp"] + msync, exposed=out["exposed"] + msync, msync=msync,
+                memory=held, memory_fraction=fraction, contention=dict(out, host=host.to_dict(), ranks_per_host=weight)
+                if ctx["host"] else None, **tally.totals())
+
+
+CONTROL_NAME = f"control {wire.CONTROL.op}"
+
+
+class Tally:
+    """The step's collectives as StepResult lists them, and its bytes (momentum sync counted 1/K)."""
+
+    def __init__(self, K):
+        self.K, self.rows = K, []
+        self.sent = self.node_sent = self.nic = 0.0
+
+    def add(self, what: str, figures: dict, size: int, count: int = 1, per_step: bool = False) -> None:
+        if figures["algorithm"] == "none" or (per_step and not self.K):
+            return
+        rate = 1 / self.K if per_step else 1.0
+        self.sent += rate * count * figures["sent"]
+        self.node_sent += rate * count * figures["node_sent"]
+        self.nic += rate * count * figures["nic"]
+        for row in self.rows:
+            if (row["what"], row["algorithm"], row["size_bytes"]) == (what, figures["algorithm"], size):
+                row["count"] += count
+                return
+        self.rows.append(dict(what=what, algorithm=figures["algorithm"], size_bytes=size, seconds=figures["seconds"],
+                              per_step=rate, count=count))
+
+    def totals(self) -> dict:
+        return dict(sent=self.sent, node_sent=self.node_sent, nic=self.nic, collectives=self.rows)
+
+
+__all__ = ["REPLICA_BYTES_PER_PARAM", "UNSHARED", "Wire", "check", "memory", "unit_collectives", "unit_sizes"]

@@ -1,0 +1,143 @@
+"""The sharded step (sharded.py's mechanism) as SimPy processes on the representative rank's devices.
+
+Processes: the main thread (forward and backward unit by unit, then the update); on GPUs the all-gather,
+reduce-scatter and all-reduce streams of FSDP2; LionCub's communication thread (overlap). Events tie them
+together: a unit's parameters gathered, its compute started, its gradients ready, its shard reduce-scattered,
+its shard all-reduced. Collectives cost what contention.StepSim charges (the network's time, and on busy
+cores the waits for a core and their CPU work on the host's `Cores`).
+"""
+
+from __future__ import annotations
+
+import simpy
+
+from .contention import Call
+from .hosts import Cores, HostModel, harmonic
+
+
+class ShardedSim:
+    """plan[u] (forward order, unit 0 the root): dict(fwd, bwd, codec: device-seconds of work; gather,
+    gather_back, scatter, reduce, cross: lists of Calls). `control`: LionCub's control Call or None (the
+    baseline); `sync`: the momentum sync's Calls after the update (or []). `synchronous`: FSDP's collectives
+    block the main thread (CPU ranks)."""
+
+    def __init__(self, host: HostModel, weight: int, plan: list, optimizer: float, control, sync: list,
+                 synchronous: bool, overlap: bool):
+        self.env = simpy.Environment()
+        self.host, self.plan, self.optimizer = host, plan, optimizer
+        self.control, self.sync, self.synchronous, self.overlap = control, sync, synchronous, overlap
+        self.cores = Cores(self.env, host, weight)
+        n = len(plan)
+        ev = self.env.event
+        self.gathered, self.gathered_back = [ev() for _ in range(n)], [ev() for _ in range(n)]
+        self.started, self.started_back = [ev() for _ in range(n)], [ev() for _ in range(n)]
+        self.grads, self.scattered, self.reduced = [ev() for _ in range(n)], [ev() for _ in range(n)], \
+            [ev() for _ in range(n)]
+        self.forward_done, self.comm_done = ev(), ev()
+        self.marks: dict[str, float] = {}
+        self.walls = dict(fsdp=0.0, comm=0.0, codec=0.0)
+
+    @property
+    def back(self) -> list[int]:
+        return list(range(len(self.plan)))[::-1]
+
+    def run(self) -> dict:
+        self.env.process(self.main())
+        if not self.synchronous:
+            for proc in (self.gathers(), self.scatters(), self.reduces()):
+                self.env.process(proc)
+        if self.control is not None and self.overlap:
+            self.env.process(self.thread())
+        self.env.run()
+        m = self.marks
+        return dict(step=m["update"], forward=m["forward"], compute=m["backward"], exposed=m["waited"] - m["backward"],
+                    update=m["update"] - m["waited"], msync=m["synced"] - m["update"], device_seconds=self.cores.busy,
+                    **self.walls)
+
+    def main(self):
+        env, sync = self.env, self.synchronous
+        for u, unit in enumerate(self.plan):
+            yield from (self.calls(unit["gather"], "fsdp") if sync else [self.gathered[u]])
+            self.started[u].succeed()
+            yield self.cores.run(unit["fwd"])
+        self.marks["forward"] = env.now
+        self.forward_done.succeed()
+        for u in self.back:
+            unit = self.plan[u]
+            yield from (self.calls(unit["gather_back"], "fsdp") if sync else [self.gathered_back[u]])
+            self.started_back[u].succeed()
+            yield self.cores.run(unit["bwd"])
+            self.grads[u].succeed()
+            if sync:
+                yield from self.calls(unit["scatter"] + unit["reduce"], "fsdp")
+                self.scattered[u].succeed()
+                self.reduced[u].succeed()
+        yield env.all_of(self.reduced)  # FSDP2's end of backward waits for its reduce-scatters and all-reduces
+        self.marks["backward"] = env.now
+        if self.control is not None:
+            yield self.comm_done if self.overlap else env.process(self.exchanges())
+        self.marks["waited"] = env.now
+        yield self.cores.run(self.optimizer)
+        self.marks["update"] = env.now
+        yield from self.calls(self.sync, "sync")
+        self.marks["synced"] = env.now
+
+    def gathers(self):
+        """FSDP2's all-gather stream: each unit's when the previous unit's compute has started."""
+        for u, unit in enumerate(self.plan):
+            if u:
+                yield self.started[u - 1]
+            yield from self.calls(unit["gather"], "fsdp")
+            self.gathered[u].succeed()
+        prev = self.forward_done
+        for u in self.back:
+            if self.plan[u]["gather_back"]:
+                yield prev
+                yield from self.calls(self.plan[u]["gather_back"], "fsdp")
+            self.gathered_back[u].succeed()
+            prev = self.started_back[u]
+
+    def scatters(self):
+        for u in self.back:
+            yield self.grads[u]
+            yield from self.calls(self.plan[u]["scatter"], "fsdp")
+            self.scattered[u].succeed()
+
+    def reduces(self):
+        for u in self.back:
+            yield self.scattered[u]
+            yield from self.calls(self.plan[u]["reduce"], "fsdp")
+            self.reduced[u].succeed()
+
+    def thread(self):
+        yield from self.exchanges()
+        self.comm_done.succeed()
+
+    def exchanges(self):
+        """LionCub's side: each unit's codec and collectives on its shard once it is reduce-scattered, in
+        backward's order, then the control message (first when step() runs it, without overlap)."""
+        if not self.overlap:
+            yield from self.calls([self.control], "comm")
+        for u in self.back:
+            yield self.scattered[u]
+            t0 = self.env.now
+            yield self.cores.run(self.plan[u]["codec"])
+            self.walls["codec"] += self.env.now - t0
+            yield from self.calls(self.plan[u]["cross"], "comm")
+        if self.overlap:
+            yield from self.calls([self.control], "comm")
+
+    def calls(self, calls: list, wall: str):
+        for c in calls:
+            t0 = self.env.now
+            yield from self.collective(c)
+            self.walls[wall] = self.walls.get(wall, 0.0) + self.env.now - t0
+
+    def collective(self, c: Call):
+        """contention.StepSim's collective: the network's time plus the waits for a core, beside its CPU work."""
+        host, env = self.host, self.env
+        wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
+        yield env.all_of([env.timeout(c.seconds + wait), self.cores.run(host.call_cpu + host.byte_cpu * c.bytes)])
+
+
+__all__ = ["ShardedSim"]
