@@ -107,6 +107,13 @@ def _step_args(p) -> None:
     g.add_argument("--hierarchical", action="store_true",
                    help="LionCub's hierarchical layout: nodes of --gpus-per-node ranks reduce-scatter inside, the "
                         "method's collectives run across nodes on shards, then all-gather inside")
+    g.add_argument("--sharded", action="store_true",
+                   help="the model sharded by FSDP2 inside nodes of --gpus-per-node ranks (HSDP): all-gathers and a "
+                        "reduce-scatter inside the node, the method across nodes on each rank's 1/G shard "
+                        "(--method allreduce: FSDP2's own HSDP, its fp32 all-reduce, and plain Lion); "
+                        "--bucket-mb is then the size of an FSDP unit")
+    g.add_argument("--param-dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="--sharded: the parameters' all-gather dtype (FSDP2's MixedPrecisionPolicy)")
     g.add_argument("--no-overlap", action="store_true",
                    help="the allreduce baseline reduces after backward, as LionCub(method='allreduce') does "
                         "(default: overlapped with backward, as DDP does)")
@@ -175,7 +182,8 @@ def _step_kwargs(args) -> dict:
     return dict(params=args.params, bucket_mb=args.bucket_mb, compute_seconds=args.compute_seconds,
                 flops_per_second=args.flops, tokens_per_step=args.tokens, algorithm=args.algorithm,
                 grad_dtype=args.grad_dtype, levels=args.levels, memory_bandwidth=args.memory_bandwidth,
-                overlap=not args.no_overlap, hierarchical=args.hierarchical)
+                overlap=not args.no_overlap, hierarchical=args.hierarchical, sharded=args.sharded,
+                param_dtype=args.param_dtype)
 
 
 def _step(args) -> int:
@@ -192,6 +200,7 @@ def _step(args) -> int:
     print(f"{r.method} on {profile.name}: {cluster.describe()}, {r.params:.4g} params, {r.buckets} buckets"
           + (f", momentum sync every {r.momentum_sync}" if r.momentum_sync else "")
           + (f", hierarchical (nodes of {r.node_size})" if r.hierarchical else "")
+          + (f", sharded (HSDP, nodes of {r.node_size})" if r.sharded else "")
           + (f", local steps: the exchange every {r.local_steps} steps" if r.local_steps else ""))
     for name, v in (("compute", r.compute_seconds), ("codec", r.codec_seconds),
                     ("optimizer", r.optimizer_seconds), ("communication", r.communication_seconds),
@@ -200,7 +209,10 @@ def _step(args) -> int:
         print(f"  {name:<26}{format_time(v):>12}")
     print(f"  {'step':<26}{format_time(r.step_seconds):>12}"
           + (f"  ({format_time(r.step_interval[0])} - {format_time(r.step_interval[1])})" if r.step_interval else ""))
-    print(f"  {'fp32 allreduce baseline':<26}{format_time(r.baseline_step_seconds):>12}")
+    print(f"  {'HSDP + Lion baseline' if r.sharded else 'fp32 allreduce baseline':<26}"
+          f"{format_time(r.baseline_step_seconds):>12}")
+    print(f"  memory per rank (p, g, m)  {format_size(r.memory_bytes_per_rank):>12}  "
+          f"{r.memory_fraction:.3f} of an unsharded replica's")
     print(f"  speedup {format_speedup(r.speedup, r.speedup_interval)}, sent per rank per step "
           f"{format_size(r.bytes_sent_per_rank)}, "
           f"out of each node's NIC {format_size(r.nic_bytes_per_node)}")

@@ -1,0 +1,167 @@
+"""The sharded layout (HSDP) in the step model: simulate_step(sharded=True), simulator/sharded.py.
+
+Oracles: the ring formulas written out here (bytes), the hierarchical layout's cross-node collectives as
+simulate_collective costs them on the same shard (another code path: the methods' hierarchical_collectives),
+and, on the ideal profile, step times assembled by hand from the collectives' own tallied times (which
+collective waits for which is the mechanism under test).
+"""
+
+import pytest
+from lioncub.simulator import Cluster, simulate_collective, simulate_step
+from lioncub.simulator.profiles import get_profile
+
+from lioncub.comm import wire
+
+B, B_INTRA = 10e9, 80e9
+
+
+def _cluster(nodes, g, intra=B_INTRA):
+    return Cluster(nodes=nodes, gpus_per_node=g, bandwidth=B, latency=0, intra_bandwidth=intra, intra_latency=0)
+
+
+def _seconds(r, what) -> list[float]:
+    return [c["seconds"] for c in r.collectives if c["what"] == what]
+
+
+@pytest.mark.parametrize("nodes,g", [(4, 2), (2, 4), (3, 8)])
+def test_with_instant_node_links_the_step_is_the_hierarchical_cross_part(nodes, g):
+    """Infinitely fast links inside the node and free kernels, the exchange after backward (overlap=False),
+    no compute: what is left of a sharded vote-1bit step is the control message and, per unit, the method's
+    collectives across nodes on the 1/G shard: the cross parts of the hierarchical layout's exchange of the
+    same bucket (units of a multiple of 64 G elements, so both layouts cut the same shard)."""
+    n, k = 64 * g * 1000, 3
+    c = _cluster(nodes, g, intra=1e30)
+    r = simulate_step(c, "vote-1bit", k * n, bucket_mb=4 * n / 2**20, compute_seconds=0, backend="ideal",
+                      memory_bandwidth=1e30, overlap=False, sharded=True)
+    hier = simulate_collective(c, "vote-1bit", "auto", 4 * n, "ideal", hierarchical=True)
+    cross = sum(p["seconds"] for p in hier.parts if p["scope"] == "cross")
+    control = simulate_collective(c, wire.CONTROL.op, "auto", wire.CONTROL.nbytes, "ideal").seconds
+    assert cross > 0 and r.buckets == k
+    assert _seconds(r, "vote-1bit") == [pytest.approx(cross, rel=1e-12)]
+    assert r.step_seconds == pytest.approx(control + k * cross, rel=1e-9)
+
+
+@pytest.mark.parametrize("nodes,g,units", [(4, 2, [1000, 4000, 4000, 2000]), (2, 4, [4096, 8192]), (8, 8, [640])])
+def test_bytes_are_the_ring_formulas(nodes, g, units):
+    """Per rank inside the node: a reduce-scatter of every unit's fp32 gradients and the parameters'
+    all-gathers, twice per unit but once for the root (unit 0), (G-1)/G of the unit each; across nodes for
+    the baseline: the ring all-reduce of the fp32 shard, 2 (M-1)/M x 4 S, which every rank of the node sends
+    through the NIC."""
+    M, P = nodes, sum(units)
+    r = simulate_step(_cluster(nodes, g), "allreduce", P, compute_seconds=0.01, backend="ideal", sharded=True,
+                      units=units)
+    shard = [-(-n // g) for n in units]
+    node = sum((g - 1) * 4 * s * (1 + (2 if i else 1)) for i, s in enumerate(shard))
+    cross = sum(2 * (M - 1) / M * 4 * s for s in shard)
+    assert r.node_bytes_per_rank == pytest.approx(node)
+    assert r.bytes_sent_per_rank == pytest.approx(node + cross)
+    assert r.nic_bytes_per_node == pytest.approx(g * cross)
+
+
+def test_the_baseline_is_fsdps_fp32_allreduce_of_the_shard_and_bf16_gathers_halve():
+    P, g = 8 * 2**20, 4
+    c, units = _cluster(4, g), [P // 2, P // 2]
+    r = simulate_step(c, "vote-1bit", P, compute_seconds=0.05, backend="ideal", sharded=True, units=units)
+    base = r.baseline
+    assert base["sharded"] and base["method"] == "allreduce" and base["momentum_sync"] is None
+    assert base["bytes_sent_per_rank"] - base["node_bytes_per_rank"] == pytest.approx(2 * 3 / 4 * 4 * P / g)
+    assert r.speedup == pytest.approx(base["step_seconds"] / r.step_seconds)
+    S = P // 2 // g
+    scatter, gather = 2 * (g - 1) * 4 * S, 3 * (g - 1) * 4 * S  # the root is gathered once, the other unit twice
+    assert base["node_bytes_per_rank"] == pytest.approx(scatter + gather)
+    bf16 = simulate_step(c, "allreduce", P, compute_seconds=0.05, backend="ideal", sharded=True, units=units,
+                         param_dtype="bfloat16")
+    assert bf16.node_bytes_per_rank == pytest.approx(scatter + gather / 2)
+
+
+def test_memory_per_rank_is_1_over_g():
+    P = 4 * 2**20
+    for g in (2, 4, 8):
+        c = _cluster(2, g)
+        r = simulate_step(c, "vote-1bit", P, compute_seconds=0.1, backend="ideal", sharded=True)
+        assert r.memory_fraction == pytest.approx(1 / g)
+        assert r.memory_bytes_per_rank == pytest.approx(12 * P / g)
+        hier = simulate_step(c, "vote-1bit", P, compute_seconds=0.1, backend="ideal", hierarchical=True)
+        assert hier.memory_fraction == pytest.approx((8 + 4 / g) / 12)
+    flat = simulate_step(_cluster(2, 2), "vote-1bit", P, compute_seconds=0.1, backend="ideal")
+    assert flat.memory_fraction == 1.0 and flat.memory_bytes_per_rank == 12 * P
+
+
+def test_cpu_ranks_wait_for_every_fsdp_collective():
+    """CPU ranks (codec_on_compute): FSDP2's collectives are synchronous, so with the baseline (no LionCub
+    thread) the step is compute, every FSDP collective one after another, and the update."""
+    prof = get_profile("ideal").replace(codec_on_compute=True)
+    compute, units = 0.2, [200_000, 400_000, 400_000]
+    r = simulate_step(_cluster(4, 2), "allreduce", sum(units), compute_seconds=compute, backend=prof, sharded=True,
+                      units=units, memory_bandwidth=1e30)
+    fsdp = sum(c["count"] * c["seconds"] for c in r.collectives)
+    assert fsdp > 1e-3
+    assert r.step_seconds == pytest.approx(compute + fsdp, rel=1e-9)
+    gpu = simulate_step(_cluster(4, 2), "allreduce", sum(units), compute_seconds=compute, backend="ideal",
+                        sharded=True, units=units, memory_bandwidth=1e30)
+    assert gpu.step_seconds < compute + fsdp / 2
+
+
+def test_gpu_ranks_hide_fsdp_behind_compute_but_the_ends():
+    """GPU ranks: with compute long enough, all that shows is the first forward all-gather, the all-gather of
+    the first unit backward reaches (issued when forward ends), the root's reduce-scatter and all-reduce
+    after its backward, and the update."""
+    units, compute = [4096] * 4, 10.0
+    r = simulate_step(_cluster(4, 2), "allreduce", sum(units), compute_seconds=compute, backend="ideal",
+                      sharded=True, units=units, memory_bandwidth=1e30)
+    ag, rs, ar = (_seconds(r, w)[0] for w in ("fsdp allgather", "fsdp reducescatter", "fsdp allreduce"))
+    assert r.step_seconds == pytest.approx(compute + 2 * ag + rs + ar, rel=1e-9)
+
+
+def test_overlap_hides_the_vote_behind_backward():
+    c, P = _cluster(4, 4), 16 * 2**20
+    kw = dict(compute_seconds=2.0, backend="ideal", sharded=True, bucket_mb=8)
+    over, after = (simulate_step(c, "vote-1bit", P, overlap=o, **kw) for o in (True, False))
+    votes = sum(x["count"] * x["seconds"] for x in after.collectives if x["what"] in ("vote-1bit", "control allreduce"))
+    assert after.exposed_communication_seconds == pytest.approx(votes + after.codec_seconds, rel=1e-6)
+    assert over.exposed_communication_seconds < after.exposed_communication_seconds / 2
+
+
+def test_momentum_sync_is_the_shard_s_allreduce_amortized():
+    c, P, K = _cluster(4, 2), 4 * 2**20, 10
+    r0, rk = (simulate_step(c, "vote-1bit", P, k, compute_seconds=0.1, backend="ideal", sharded=True)
+              for k in (None, K))
+    assert rk.bytes_sent_per_rank - r0.bytes_sent_per_rank == pytest.approx(2 * 3 / 4 * 4 * P / 2 / K)
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(cluster=Cluster(nodes=4, gpus_per_node=1)), "several ranks"),
+    (dict(cluster=Cluster(nodes=1, gpus_per_node=4)), "one: give several nodes"),
+    (dict(method="allreduce", momentum_sync=4), "momentum_sync does not apply"),
+    (dict(hierarchical=True), "not with hierarchical"),
+    (dict(local_steps=4), "not with hierarchical or local_steps"),
+    (dict(units=[1, 2]), "add up to params"),
+    (dict(param_dtype="int8"), "param_dtype"),
+    (dict(sharded=False, units=[2**20]), "give sharded=True"),
+])
+def test_bad_inputs_are_one_line_errors(kw, match):
+    args = dict(cluster=Cluster(nodes=2, gpus_per_node=2), method="vote-1bit", params=2**20, compute_seconds=0.1,
+                sharded=True)
+    args.update(kw)
+    with pytest.raises(ValueError, match=match) as e:
+        simulate_step(**args)
+    assert "\n" not in str(e.value)
+
+
+def test_plain_fsdp_on_one_node_sends_nothing_across():
+    r = simulate_step(Cluster(nodes=1, gpus_per_node=4), "allreduce", 2**20, compute_seconds=0.1, sharded=True)
+    assert r.nic_bytes_per_node == 0 and r.bytes_sent_per_rank == r.node_bytes_per_rank > 0
+
+
+def test_shared_cores_give_the_contention_phases_and_an_interval():
+    from lioncub.simulator.hosts import HostModel
+
+    host = HostModel(cores=2, shared_by="cluster", background=1.0, wake=1e-3, call_cpu=1e-3, byte_cpu=1e-9,
+                     intra_bandwidth=8e9)
+    prof = get_profile("gloo").replace(host=host.to_dict(), codec_on_compute=True, forecast_error=[-0.1, 0.2])
+    c = Cluster(nodes=4, gpus_per_node=2, bandwidth="25Mbit", latency=0)
+    r = simulate_step(c, "vote-1bit", 3_000_000, compute_seconds=0.5, backend=prof, sharded=True)
+    assert r.contention["ranks_per_host"] == 8 and r.contention["compute"] > 0.5
+    assert r.step_interval == pytest.approx((0.9 * r.step_seconds, 1.2 * r.step_seconds))
+    again = simulate_step(c, "vote-1bit", 3_000_000, compute_seconds=0.5, backend=prof, sharded=True)
+    assert again.step_seconds == r.step_seconds
