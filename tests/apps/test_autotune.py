@@ -21,7 +21,7 @@ def oracle_step(cluster, c, params, compute, backend="nccl", cache=None, memory_
     """simulate_step's step time for a candidate (every:K / none only)."""
     k = None if c.momentum_sync == "none" else int(c.momentum_sync.split(":")[1])
     return simulate_step(cluster, c.method, params, k, c.bucket_mb, compute, backend=backend,
-                         hierarchical=c.layout == "hierarchical", levels=c.levels,
+                         hierarchical=c.layout == "hierarchical", sharded=c.layout == "sharded", levels=c.levels,
                          memory_bandwidth=memory_bandwidth, cache=cache).step_seconds
 
 
@@ -34,7 +34,8 @@ def oracle_run_step(cluster, c, params, compute, step, steps=10_000, cache=None,
     if methods.get(c.method).dense:
         return step
     k = min(WARMUP[c.risk["level"]], steps // 10)
-    dense = simulate_step(cluster, "allreduce", params, None, c.bucket_mb, compute, cache=cache, **kw).step_seconds
+    dense = simulate_step(cluster, "allreduce", params, None, c.bucket_mb, compute, cache=cache,
+                          sharded=c.layout == "sharded", **kw).step_seconds
     return (k * dense + (steps - k) * step) / steps
 
 
@@ -204,23 +205,28 @@ def test_schedules_other_than_every_k_cost_their_syncs_over_the_planned_run():
 
 
 def test_hierarchical_layout_is_searched_and_picked_where_faster(tmp_path):
-    """Each compressed method in both layouts (allreduce flat only); on 8 nodes x 8 at 10 Gbit the
-    hierarchical vote-1bit is faster, is recommended, and the config carries its keys."""
+    """Each compressed method in the flat, hierarchical and sharded layouts (allreduce flat and sharded: FSDP's
+    HSDP); on 8 nodes x 8 at 10 Gbit the hierarchical vote-1bit is faster than flat, the sharded one (no
+    all-gather of the codes, the update on 1/G) faster still and recommended, and the configs carry their keys."""
     cluster = Cluster.for_ranks(64, gpus_per_node=8, bandwidth="10Gbit", latency="50us")
     res = autotune.search(cluster, 100_000_000, 0.05, methods=["allreduce", "vote-1bit"],
                           momentum_syncs=["none"], bucket_mbs=[25])
-    assert {(c.method, c.layout) for c in res.candidates} == {("allreduce", "flat"), ("vote-1bit", "flat"),
-                                                              ("vote-1bit", "hierarchical")}
+    assert {(c.method, c.layout) for c in res.candidates} == {
+        ("allreduce", "flat"), ("allreduce", "sharded"), ("vote-1bit", "flat"), ("vote-1bit", "hierarchical"),
+        ("vote-1bit", "sharded")}
     check_against_simulator(res, cluster, 100_000_000, 0.05)
     rec, verdict = autotune.recommend(res)
-    flat = res.twin(rec, "flat")
-    assert rec.layout == "hierarchical" and rec.step_seconds < flat.step_seconds
-    assert "hierarchical layout" in verdict
+    hier, flat = res.twin(rec, "hierarchical"), res.twin(rec, "flat")
+    assert rec.layout == "sharded" and rec.step_seconds < hier.step_seconds < flat.step_seconds
+    assert "sharded layout" in verdict and "0.125 of an unsharded replica" in verdict
     model = autotune.ModelSpec("custom", 100_000_000, 0.05, "given")
-    cfg = autotune.build_config(rec, res, model, cluster, "test", get_profile("nccl"), verdict, steps=1000)
+    cfg = autotune.build_config(hier, res, model, cluster, "test", get_profile("nccl"), verdict, steps=1000)
     for sec in ("optimizer", "train"):
         assert cfg[sec]["hierarchical"] is True and cfg[sec]["node_size"] == 8
     assert cfg["collective"]["layout"] == "hierarchical"
+    cfg = autotune.build_config(rec, res, model, cluster, "test", get_profile("nccl"), verdict, steps=1000)
+    assert cfg["train"]["method"] == "hsdp+vote-1bit" and cfg["train"]["node_size"] == 8
+    assert "hierarchical" not in cfg["optimizer"] and cfg["predicted"]["memory_fraction"] == 0.125
     # where flat is faster (one fast node pair, slow intra links) it is picked, without the keys
     slow = Cluster.for_ranks(4, gpus_per_node=2, bandwidth="100Gbit", latency="5us", intra_bandwidth="1Gbit")
     res = autotune.search(slow, 10_000_000, 0.05, methods=["vote-1bit"], momentum_syncs=["none"], bucket_mbs=[25])
@@ -503,3 +509,31 @@ def test_risk_cli_checks_another_models_map_whole(tmp_path, capsys):
     assert main(["risk", "check", str(path), "--check-output", str(out)]) == 0
     assert [c["regime"] for c in json.loads(out.read_text())["cells"]] == ["N3-b16-x1"]
     capsys.readouterr()
+
+
+def test_sharded_is_picked_when_nothing_else_fits_the_memory():
+    """Slow links inside the node make the sharded layout (FSDP's gathers) the slowest, so without a memory bound
+    flat wins; with a bound between a sharded replica (12 P / G bytes) and a hierarchical one ((8 + 4 / G) P)
+    only sharded candidates are ranked and one is recommended, with its memory fraction; the same search
+    twice gives the same answer."""
+    cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="100Gbit", latency="20us", intra_bandwidth="20Gbit")
+    P, kw = 500_000_000, dict(methods=["allreduce", "vote-1bit"], momentum_syncs=["none"], bucket_mbs=[25])
+    free = autotune.search(cluster, P, 0.2, **kw)
+    assert autotune.recommend(free)[0].layout == "flat"
+    assert min(free.candidates, key=lambda c: c.step_seconds).layout == "flat"
+    limit = 12 * P / 4 * 1.01
+    picks = []
+    for _ in range(2):
+        res = autotune.search(cluster, P, 0.2, memory_per_rank=limit, **kw)
+        assert {c.layout for c in res.ranked} == {"sharded"}
+        assert all(c.memory_fraction == pytest.approx(1 / 4) for c in res.ranked)
+        rec, verdict = autotune.recommend(res)
+        assert rec.layout == "sharded" and "0.250 of an unsharded replica" in verdict
+        assert "flat layout needs" in verdict
+        picks.append((rec.label(), rec.step_seconds, verdict))
+    assert picks[0] == picks[1]
+    res = autotune.search(cluster, P, 0.2, memory_per_rank="1GiB", **kw)
+    assert autotune.recommend(res) == (None, "no configuration fits --memory-per-rank: the least memory is "
+                                             "1.397 GiB per rank")
+    with pytest.raises(ValueError, match="memory_per_rank must be positive"):
+        autotune.search(cluster, P, 0.2, memory_per_rank=0, **kw)

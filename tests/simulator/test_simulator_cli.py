@@ -191,3 +191,18 @@ def test_collective_hierarchical(capsys):
     rc, _, err = run_cli(["simulate", "collective", "--op", "allreduce", "--size", "1MiB", "--ranks", "8",
                           "--hierarchical"], capsys)
     assert rc == 2 and "composite" in err
+
+
+def test_step_sharded_json_and_its_one_line_errors(capsys):
+    base = ["simulate", "step", "--params", "100M", "--compute-seconds", "0.1", "--sharded"]
+    rc, out, _ = run_cli(base + ["--ranks", "16", "--gpus-per-node", "4", "--json"], capsys)
+    d = json.loads(out)
+    assert rc == 0 and d["sharded"] and d["node_size"] == 4 and d["memory_fraction"] == 0.25
+    assert d["baseline"]["method"] == "allreduce" and d["baseline"]["sharded"]
+    rc, out, _ = run_cli(base + ["--ranks", "16", "--gpus-per-node", "4"], capsys)
+    assert "sharded (HSDP, nodes of 4)" in out and "0.250 of an unsharded replica's" in out
+    for argv, match in ((["--ranks", "8"], "several ranks"), (["--ranks", "6", "--gpus-per-node", "4"], "multiple"),
+                        (["--ranks", "4", "--gpus-per-node", "4"], "several nodes"),
+                        (["--ranks", "8", "--gpus-per-node", "2", "--hierarchical"], "not with hierarchical")):
+        rc, _, err = run_cli(base + argv, capsys)
+        assert rc == 2 and err.startswith("lioncub: error:") and match in err and err.count("\n") == 1

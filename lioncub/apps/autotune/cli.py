@@ -38,7 +38,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
     """One row per configuration; `other_layout` maps a row's index to the same configuration in the other
     layout (flat <-> hierarchical), whose step time is a column."""
     head = ["#", "method", "levels", "momentum sync", "bucket", "layout", "algorithms", "step", "speedup",
-            "run", "bytes/step", "risk"]
+            "run", "bytes/step", "memory", "risk"]
     if other_layout is not None:
         head.insert(8, "other layout")
     body = []
@@ -47,7 +47,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
                "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                f"{c.run_speedup:.2f}x" + (f" ({c.dense_steps} dense)" if c.dense_steps else ""),
-               format_size(c.bytes_per_step), f"{c.risk['level']} {c.risk['score']:.2f}"]
+               format_size(c.bytes_per_step), f"{c.memory_fraction:.2f}", f"{c.risk['level']} {c.risk['score']:.2f}"]
         if other_layout is not None:
             t = other_layout.get(i - 1)
             row.insert(8, format_time(t.step_seconds) if t is not None else "-")
@@ -153,9 +153,13 @@ def _search_arguments(s) -> None:
     s.add_argument("--levels", type=int, help="fix l1-pbit's levels (default: 127 // N and wider fields)")
     s.add_argument("--algorithms", default="backend", choices=["backend", "flat", "all"],
                    help="backend: the algorithms the backend implements (chosen per collective), and with "
-                        "several GPUs per node each compressed method also in LionCub's hierarchical layout; "
-                        "flat: no hierarchical layout; all: every algorithm the simulator models, both layouts "
-                        "(default backend)")
+                        "several GPUs per node on several nodes each compressed method also in LionCub's "
+                        "hierarchical layout and every method on a model sharded inside the node (FSDP2, "
+                        "hsdp+...); flat: the flat layout only; all: every algorithm the simulator models, every "
+                        "layout (default backend)")
+    s.add_argument("--memory-per-rank", metavar="BYTES",
+                   help="device memory each rank has for fp32 parameters, gradients and momenta (e.g. 40GiB): "
+                        "configurations that need more are not ranked (the sharded layout needs 1/G of a replica's)")
     s.add_argument("--no-overlap", action="store_true",
                    help="simulate allreduce as LionCub(method='allreduce') runs it, after backward (default: "
                         "overlapped with backward, as DDP does)")
@@ -280,7 +284,7 @@ def _search(args, st: _Setup) -> SearchResult:
                   methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
                   overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
-                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr)
+                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr, memory_per_rank=args.memory_per_rank)
 
 
 def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate | None) -> None:
@@ -311,12 +315,13 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
     rows = result.ranked[: args.top] if args.top else result.best_per_method()
     twins = None
     if not args.top and "hierarchical" in sp["layouts"]:
-        other = {"flat": "hierarchical", "hierarchical": "flat"}
+        other = {"flat": "hierarchical", "hierarchical": "flat", "sharded": "flat"}
         twins = {i: result.twin(c, other[c.layout]) for i, c in enumerate(rows)}
     say(("fastest configurations" if args.top else "fastest configuration of each method") + ", ranked by "
         "predicted mean step over the planned run (step and speedup: after the start; run: the speedup over the "
-        "whole run, its dense start steps included; bytes sent per rank per step; layout: flat, or "
-        f"LionCub's hierarchical with nodes of {sp['node_size']}"
+        "whole run, its dense start steps included; bytes sent per rank per step; memory: parameters, gradients "
+        "and momenta per rank over an unsharded replica's; layout: flat, LionCub's hierarchical with nodes of "
+        f"{sp['node_size']}, or sharded (FSDP2 inside those nodes, the method across them)"
         + ("; other layout: the same configuration's step in the other layout" if twins else "") + "):")
     say(format_table(rows, rec, twins))
     excluded = [m for m in st.methods if m not in {c.method for c in result.ranked}]
@@ -357,6 +362,10 @@ def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict |
         f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
     say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
         + ")")
+    if rec.layout == "sharded":
+        say(f"  lioncub.attach_fsdp(model, opt, mesh): the model fully_shard'ed on mesh['shard'] of a (nodes, "
+            f"{cfg['train']['node_size']}) mesh; memory per rank {rec.memory_fraction:.3f} of a replica's "
+            f"({format_size(rec.memory_bytes_per_rank)})")
     env = cfg["collective"]["env"]
     if env:
         say("  env: " + " ".join(f"{k}={v}" for k, v in env.items()))

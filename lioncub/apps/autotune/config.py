@@ -35,6 +35,11 @@ def collective_section(c: Candidate, backend: str) -> dict:
         sec["notes"].append("LionCub's hierarchical layout (optimizer/train keys hierarchical, node_size): inside "
                             "each node a reduce-scatter of the gradients and an all-gather of the agreed codes, "
                             "the method's collectives across nodes on each rank's shard")
+    if c.layout == "sharded":
+        sec["notes"].append(f"the model sharded by FSDP2 inside each node (train method hsdp+..., node_size; in "
+                            f"code: fully_shard each block and the model on mesh['shard'] of a (nodes, G) mesh, then "
+                            f"lioncub.attach_fsdp(model, opt, mesh)): {c.memory_fraction:.3f} of the parameters', "
+                            f"gradients' and momenta's memory per rank")
     if backend == "nccl" and bulk:
         both = bulk | control
         if len(both) == 1 and next(iter(both)) in NCCL_ALGO:
@@ -73,6 +78,9 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
     if c.layout == "hierarchical":
         opt["hierarchical"] = train["hierarchical"] = True
         opt["node_size"] = train["node_size"] = cluster.gpus_per_node
+    if c.layout == "sharded":  # (LionCub takes its buckets from FSDP's units there: no bucket_mb)
+        train.update(method=f"hsdp+{c.method}", node_size=cluster.gpus_per_node)
+        del opt["bucket_mb"], train["bucket_mb"]
     warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)  # the guard's own start may be longer
     if warmup:
         opt["dense_warmup"] = train["dense_warmup"] = warmup
@@ -95,6 +103,7 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
             "optimizer_seconds": c.optimizer_seconds, "communication_seconds": c.communication_seconds,
             "exposed_communication_seconds": c.exposed_communication_seconds,
             "momentum_sync_seconds": c.momentum_sync_seconds, "syncs_per_step": c.syncs_per_step,
+            "memory_bytes_per_rank": c.memory_bytes_per_rank, "memory_fraction": c.memory_fraction,
             "baseline": {"method": methods.BASELINE, "bucket_mb": BASELINE_BUCKET_MB,
                          "step_seconds": base["step_seconds"], "bytes_sent_per_rank": base["bytes_sent_per_rank"],
                          "exposed_communication_seconds": base["exposed_communication_seconds"]},

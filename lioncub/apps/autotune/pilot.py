@@ -43,7 +43,7 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
     out, seen = [], set()
     ar = next((c for c in ranked if c.dense), None)
     for c in ranked:
-        key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)), c.layout)
+        key = (c.method, c.levels, tuple(_sync_steps(c.momentum_sync, steps)), _arithmetic(c.layout))
         if c.dense or key in seen:
             continue
         seen.add(key)
@@ -51,6 +51,12 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
         if len(out) == top:
             break
     return ([ar] if ar else []) + out
+
+
+def _arithmetic(layout: str) -> str:
+    """The layout a pilot trains a candidate in: the sharded layout's arithmetic is the hierarchical one's (bit for
+    bit, docs/BENCHMARKS.md), without FSDP, which a pilot does not need."""
+    return "hierarchical" if layout == "sharded" else layout
 
 
 def pilot_node_size(ranks: int, gpus_per_node: int) -> int:
@@ -109,7 +115,7 @@ def run_pilots(cands: list[Candidate], *, steps: int, ranks: int, model: str, ba
             kw["block_size"] = block_size
         if lr is not None:
             kw["lr"] = lr
-        if c.layout == "hierarchical":
+        if _arithmetic(c.layout) == "hierarchical" and not c.dense:
             kw.update(hierarchical=True, node_size=pilot_node_size(ranks, cluster.gpus_per_node if cluster else 1))
         cfg = TrainConfig(**kw)
         if log:

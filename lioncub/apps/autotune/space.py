@@ -14,7 +14,7 @@ from lioncub.optim import schedules
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
 from lioncub.simulator.step import DDP_BUCKET_MB
-from lioncub.simulator.units import format_time, parse_byte_rate
+from lioncub.simulator.units import format_size, format_time, parse_byte_rate, parse_size
 
 from .risk_rule import MEASURED_AT, _sync_steps, dense_warmup_for, risk
 
@@ -61,6 +61,9 @@ def l1_levels_candidates(ranks: int, extra_bits: int = 4) -> list[int]:
     return out
 
 
+NODE_VOTERS = ("hierarchical", "sharded")  # the layouts whose voters are the nodes (a node's mean gradient each)
+
+
 def _bucket_layout(params: int, bucket_mb: float) -> tuple[int, int]:
     per = max(1, int(bucket_mb * 2**20 // 4))
     return (min(per, params), params // per if per < params else 1)
@@ -72,7 +75,9 @@ class Candidate:
     levels: int | None
     momentum_sync: str
     bucket_mb: float
-    layout: str  # "flat", or "hierarchical": LionCub(hierarchical=True, node_size=gpus_per_node)
+    # "flat"; "hierarchical": LionCub(hierarchical=True, node_size=gpus_per_node); "sharded": the model sharded by
+    # FSDP2 inside each node, the method across nodes (lioncub.attach_fsdp; `lioncub train --method hsdp+<method>`)
+    layout: str
     step_seconds: float
     compute_seconds: float
     codec_seconds: float
@@ -91,6 +96,11 @@ class Candidate:
     dense_step_seconds: float = 0.0  # one of them: an allreduce step in the same buckets
     run_step_seconds: float = 0.0  # the mean step over the planned run, dense steps included
     run_speedup: float = 0.0
+    # fp32 parameters, gradients and momenta per rank, and that over an unsharded replica's; whether they fit the
+    # search's memory_per_rank (candidates that do not are never ranked)
+    memory_bytes_per_rank: float = 0.0
+    memory_fraction: float = 1.0
+    fits: bool = True
 
     @property
     def dense(self) -> bool:
@@ -173,7 +183,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
            progress: bool = False, batch_size: int | None = None, lr: float | None = None,
-           tuned_lr: float | None = None) -> SearchResult:
+           tuned_lr: float | None = None, memory_per_rank=None) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
@@ -185,9 +195,11 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     momentum_syncs: schedule strings (default: `default_schedules(steps)`).
     levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
     algorithms: which collective algorithms `auto` chooses from, and the layouts: "backend" (the backend's
-        algorithms; with several GPUs per node each compressed method also in LionCub's hierarchical
-        layout), "flat" (no hierarchical layout), "all" (every algorithm the simulator models, both
-        layouts).
+        algorithms; with several GPUs per node on several nodes each compressed method also in LionCub's
+        hierarchical layout, and every method on a model sharded inside the node), "flat" (the flat layout
+        only), "all" (every algorithm the simulator models, every layout).
+    memory_per_rank: bytes (or '40GiB') each rank has for the fp32 parameters, gradients and momenta; a
+        configuration that needs more is never ranked (None: no bound).
 
     Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
     step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
@@ -201,10 +213,16 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     base = simulate_step(cluster, registry.BASELINE, params, None, BASELINE_BUCKET_MB, **step_kw)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
+    if memory_per_rank is not None:
+        limit = parse_size(memory_per_rank)
+        if not limit > 0:
+            raise ValueError(f"memory_per_rank must be positive, got {memory_per_rank!r}")
+        for c in cands:
+            c.fits = c.memory_bytes_per_rank <= limit
     order = {m: i for i, m in enumerate(registry.NAMES)}
     cands.sort(key=lambda c: (c.run_step_seconds, c.risk["score"], c.bytes_per_step, order[c.method]))
-    ranked = [c for c in cands if c.risk["score"] <= max_risk]
-    space = dict(space, algorithms=algorithms, steps=steps,
+    ranked = [c for c in cands if c.risk["score"] <= max_risk and c.fits]
+    space = dict(space, algorithms=algorithms, steps=steps, memory_per_rank=memory_per_rank,
                  algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
     return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
                         space)
@@ -231,10 +249,11 @@ def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, 
     for s in scheds:
         if s.startswith("every:") and int(s.split(":")[1]) > steps:
             raise ValueError(f"momentum sync {s} never syncs in a {steps}-step run (--steps)")
-    # LionCub's hierarchical layout (compressed methods): nodes of gpus_per_node ranks, N/G voters
+    # LionCub's hierarchical layout (compressed methods) and the sharded one (every method; dense: FSDP2's own
+    # HSDP): nodes of gpus_per_node ranks, N/G voters
     layouts = ["flat"]
     if algorithms != "flat" and cluster.gpus_per_node > 1 and cluster.nodes > 1:
-        layouts.append("hierarchical")
+        layouts += ["hierarchical", "sharded"]
     if levels is not None and (isinstance(levels, bool) or not isinstance(levels, int) or levels < 1):
         raise ValueError(f"levels must be a positive integer, got {levels!r}")
     l1_levels = {lay: _l1_levels(N if lay == "flat" else cluster.nodes, levels) for lay in layouts}
@@ -256,7 +275,7 @@ def _risk(method, levels, sync, layout, space, steps, beta2, share, regime) -> d
     """The convergence risk of a configuration. In the hierarchical layout a node votes as one voter with G
     times the per-rank batch: N/G voters of batch G x b (what the map's regimes are in)."""
     N, G, regime = space["ranks"], space["node_size"], dict(regime or {})
-    if layout == "hierarchical":
+    if layout in NODE_VOTERS:
         N //= G
         if regime.get("batch_size"):
             regime["batch_size"] *= G
@@ -266,7 +285,7 @@ def _risk(method, levels, sync, layout, space, steps, beta2, share, regime) -> d
 def _credit_bytes(r, layout: str, G: int) -> float:
     """The bytes per rank the adaptive guard's credit counts (LionCub._credit_bytes): those that leave the
     node in the hierarchical layout (the NIC's bytes over its G ranks), every byte sent in the flat one."""
-    return r.nic_bytes_per_node / G if layout == "hierarchical" else r.bytes_sent_per_rank
+    return r.nic_bytes_per_node / G if layout in NODE_VOTERS else r.bytes_sent_per_rank
 
 
 def _guard_price(s: str, steps: int, beta2: float, warmup: int, step_bytes: float, dense_bytes: float,
@@ -291,7 +310,7 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
     no-sync step plus their syncs per step times one sync. The planned run's dense steps (the adaptive
     guard's start; the dense warm-up at medium or high risk) cost an allreduce step each."""
     groups = [(m, lv, b, lay) for m in space["methods"] for lay in space["layouts"]
-              if lay == "flat" or not registry.get(m).dense
+              if lay != "hierarchical" or not registry.get(m).dense
               for lv in (space["l1_levels_by_layout"][lay] if registry.get(m).uses_levels else [None])
               for b in space["bucket_mb"]]
     bar = None
@@ -318,21 +337,22 @@ class _Memo:
 
     share: dict = field(default_factory=dict)
     rates: dict = field(default_factory=dict)
-    dense: dict = field(default_factory=dict)  # bucket MiB -> a dense step: the gradients' allreduce in them
+    dense: dict = field(default_factory=dict)  # (bucket MiB, layout) -> a dense step
 
 
 def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, beta2, regime,
                       memo: _Memo) -> list[Candidate]:
     """The candidates of one (method, levels, bucket, layout): one per momentum-sync schedule."""
     m, lv, b, lay = group
-    G = cluster.gpus_per_node
+    G, layout = cluster.gpus_per_node, dict(hierarchical=lay == "hierarchical", sharded=lay == "sharded")
 
     def sim(k):
-        return simulate_step(cluster, m, params, k, b, levels=lv, hierarchical=lay == "hierarchical", **step_kw)
+        return simulate_step(cluster, m, params, k, b, levels=lv, **layout, **step_kw)
 
-    if b not in memo.dense:
-        memo.dense[b] = simulate_step(cluster, registry.BASELINE, params, None, b, **step_kw)
-    dense = memo.dense[b]
+    if (b, lay) not in memo.dense:  # the dense steps: the gradients' allreduce (sharded: FSDP's HSDP) in them
+        memo.dense[b, lay] = simulate_step(cluster, registry.BASELINE, params, None, b,
+                                           sharded=lay == "sharded", **step_kw)
+    dense = memo.dense[b, lay]
     r0 = sim(None)
 
     @functools.cache
@@ -373,7 +393,8 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
             momentum_sync_seconds=r.momentum_sync_seconds + extra_t, bytes_per_step=r.bytes_sent_per_rank + extra_b,
             speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate, collectives=r.collectives,
             risk=rk, dense_steps=n_dense, dense_step_seconds=dense.step_seconds if n_dense else 0.0,
-            run_step_seconds=run_step, run_speedup=base_step / run_step if run_step > 0 else math.inf))
+            run_step_seconds=run_step, run_speedup=base_step / run_step if run_step > 0 else math.inf,
+            memory_bytes_per_rank=r.memory_bytes_per_rank, memory_fraction=r.memory_fraction))
     return out
 
 
@@ -385,13 +406,12 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
     the risk bound, unless it is a compressed method that beats the best allreduce configuration by less
     than `min_speedup`: then compression does not pay and the baseline is recommended."""
     if not result.ranked:
+        if not any(c.fits for c in result.candidates):
+            return None, ("no configuration fits --memory-per-rank: the least memory is "
+                          f"{format_size(min(c.memory_bytes_per_rank for c in result.candidates))} per rank")
         return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
     best = result.ranked[0]
     ar = next((c for c in result.ranked if c.dense), None)
-    notes = []
-    if best.layout == "hierarchical" and (flat := result.twin(best, "flat")) is not None:
-        notes.append(f"the hierarchical layout (nodes of {result.space['node_size']}) is "
-                     f"{flat.step_seconds / best.step_seconds:.2f}x faster than the same configuration flat")
     if result.space.get("ranks") == 1:
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
     elif best.dense:
@@ -410,6 +430,22 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
         verdict = (f"{best.method} pays: {best.speedup:.2f}x the default allreduce step"
                    + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "") + start
                    + f", {best.risk['level']} convergence risk ({best.risk['score']:.2f}).")
+    notes = _layout_notes(result, best)
     if notes:
         verdict += " Note: " + "; ".join(notes) + "."
     return best, verdict
+
+
+def _layout_notes(result: SearchResult, best: Candidate) -> list[str]:
+    """What the recommended layout gains over the same configuration flat, or that flat does not fit; what a
+    sharded one holds per rank."""
+    notes = []
+    if best.layout in NODE_VOTERS and (flat := result.twin(best, "flat")) is not None:
+        notes.append(f"the {best.layout} layout (nodes of {result.space['node_size']}) is "
+                     f"{flat.step_seconds / best.step_seconds:.2f}x faster than the same configuration flat"
+                     if flat.fits else f"the flat layout needs {format_size(flat.memory_bytes_per_rank)} per rank, "
+                     f"more than --memory-per-rank")
+    if best.layout == "sharded":
+        notes.append(f"sharded, each rank holds {best.memory_fraction:.3f} of an unsharded replica's parameters, "
+                     f"gradients and momenta ({format_size(best.memory_bytes_per_rank)})")
+    return notes
