@@ -205,7 +205,8 @@ def _step(args) -> int:
     for name, v in (("compute", r.compute_seconds), ("codec", r.codec_seconds),
                     ("optimizer", r.optimizer_seconds), ("communication", r.communication_seconds),
                     ("  of which momentum sync", r.momentum_sync_seconds),
-                    ("exposed communication", r.exposed_communication_seconds)):
+                    ("exposed communication", r.exposed_communication_seconds),
+                    *((("FSDP's, inside fwd/bwd", r.fsdp_exposed_seconds),) if r.sharded else ())):
         print(f"  {name:<26}{format_time(v):>12}")
     print(f"  {'step':<26}{format_time(r.step_seconds):>12}"
           + (f"  ({format_time(r.step_interval[0])} - {format_time(r.step_interval[1])})" if r.step_interval else ""))

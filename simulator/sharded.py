@@ -174,6 +174,7 @@ def simulate(ctx: dict) -> dict:
     held, fraction = memory(P, G, "sharded", ctx["sizes"])
     return dict(step=out["step"] + msync, optimizer=out["update"], codec=out["codec"],
                 comm=out["comm"] + out["fsdp"] + msync, exposed=out["exposed"] + msync, msync=msync,
+                fsdp_exposed=out["fsdp_exposed"],
                 memory=held, memory_fraction=fraction, contention=dict(out, host=host.to_dict(), ranks_per_host=weight)
                 if ctx["host"] else None, **tally.totals())
 

@@ -35,7 +35,7 @@ class ShardedSim:
             [ev() for _ in range(n)]
         self.forward_done, self.comm_done = ev(), ev()
         self.marks: dict[str, float] = {}
-        self.walls = dict(fsdp=0.0, comm=0.0, codec=0.0)
+        self.walls = dict(fsdp=0.0, comm=0.0, codec=0.0, computing=0.0)
 
     @property
     def back(self) -> list[int]:
@@ -50,7 +50,9 @@ class ShardedSim:
             self.env.process(self.thread())
         self.env.run()
         m = self.marks
+        # fsdp_exposed: how long the main thread waited for FSDP's collectives during forward and backward
         return dict(step=m["update"], forward=m["forward"], compute=m["backward"], exposed=m["waited"] - m["backward"],
+                    fsdp_exposed=m["backward"] - self.walls["computing"],
                     update=m["update"] - m["waited"], msync=m["synced"] - m["update"], device_seconds=self.cores.busy,
                     **self.walls)
 
@@ -59,14 +61,14 @@ class ShardedSim:
         for u, unit in enumerate(self.plan):
             yield from (self.calls(unit["gather"], "fsdp") if sync else [self.gathered[u]])
             self.started[u].succeed()
-            yield self.cores.run(unit["fwd"])
+            yield from self.compute(unit["fwd"])
         self.marks["forward"] = env.now
         self.forward_done.succeed()
         for u in self.back:
             unit = self.plan[u]
             yield from (self.calls(unit["gather_back"], "fsdp") if sync else [self.gathered_back[u]])
             self.started_back[u].succeed()
-            yield self.cores.run(unit["bwd"])
+            yield from self.compute(unit["bwd"])
             self.grads[u].succeed()
             if sync:
                 yield from self.calls(unit["scatter"] + unit["reduce"], "fsdp")
@@ -81,6 +83,11 @@ class ShardedSim:
         self.marks["update"] = env.now
         yield from self.calls(self.sync, "sync")
         self.marks["synced"] = env.now
+
+    def compute(self, work: float):
+        t0 = self.env.now
+        yield self.cores.run(work)
+        self.walls["computing"] += self.env.now - t0
 
     def gathers(self):
         """FSDP2's all-gather stream: each unit's when the previous unit's compute has started."""

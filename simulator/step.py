@@ -125,6 +125,9 @@ class StepResult:
     memory_bytes_per_rank: float = 0.0
     memory_fraction: float = 1.0
     node_bytes_per_rank: float = 0.0  # of bytes_sent_per_rank, what stays inside the node (sharded: FSDP's)
+    # sharded: how long forward and backward waited for FSDP's collectives (in step_seconds, not in exposed
+    # communication, which is what outlasts backward)
+    fsdp_exposed_seconds: float = 0.0
 
     @property
     def seconds(self) -> float:
@@ -258,7 +261,7 @@ def _sharded_step(a: dict, units, param_dtype) -> StepResult:
         node_size=cluster.gpus_per_node, nic_bytes_per_node=t["nic"], contention=t["contention"],
         step_interval=interval(step, err), speedup_interval=a["_baseline"] and ratio_interval(speedup, err) or None,
         sharded=True, memory_bytes_per_rank=t["memory"], memory_fraction=t["memory_fraction"],
-        node_bytes_per_rank=t["node_sent"])
+        node_bytes_per_rank=t["node_sent"], fsdp_exposed_seconds=t["fsdp_exposed"])
 
 
 def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps=None) -> dict:

@@ -97,6 +97,7 @@ def test_cpu_ranks_wait_for_every_fsdp_collective():
     fsdp = sum(c["count"] * c["seconds"] for c in r.collectives)
     assert fsdp > 1e-3
     assert r.step_seconds == pytest.approx(compute + fsdp, rel=1e-9)
+    assert r.fsdp_exposed_seconds == pytest.approx(fsdp, rel=1e-9) and r.exposed_communication_seconds == 0
     gpu = simulate_step(_cluster(4, 2), "allreduce", sum(units), compute_seconds=compute, backend="ideal",
                         sharded=True, units=units, memory_bandwidth=1e30)
     assert gpu.step_seconds < compute + fsdp / 2
@@ -111,6 +112,7 @@ def test_gpu_ranks_hide_fsdp_behind_compute_but_the_ends():
                       sharded=True, units=units, memory_bandwidth=1e30)
     ag, rs, ar = (_seconds(r, w)[0] for w in ("fsdp allgather", "fsdp reducescatter", "fsdp allreduce"))
     assert r.step_seconds == pytest.approx(compute + 2 * ag + rs + ar, rel=1e-9)
+    assert r.fsdp_exposed_seconds == pytest.approx(2 * ag + rs + ar, rel=1e-9)
 
 
 def test_overlap_hides_the_vote_behind_backward():
