@@ -30,6 +30,7 @@ the contention model's waits and CPU work (contention.py); without a host model 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 
 from lioncub.comm import wire
@@ -37,7 +38,7 @@ from lioncub.comm import wire
 from .collectives import simulate_collective, simulate_collectives
 from .contention import HOP_PROBE, Call, calls_of
 from .hosts import HostModel
-from .shardsim import ShardedSim
+from .shardsim import ShardedSim, unshared_step
 
 REPLICA_BYTES_PER_PARAM = 12.0  # fp32 parameter, gradient and momentum of an unsharded replica (DDP + Lion)
 UNSHARED = HostModel(cores=1e9)  # devices nobody shares: every job at full speed, no waits
@@ -150,14 +151,20 @@ def simulate(ctx: dict) -> dict:
     lv = meth.resolve_levels(N // G, ctx["levels"]) if meth.uses_levels else 0
     per = 0.0 if meth.dense else meth.codec_bytes_per_element(N // G, lv, ctx["grad_dtype"])
     net, tally = Wire(c, ctx["profile"], ctx["spec"], ctx["cache"], ctx["exact"]), Tally(ctx["K"])
-    plan, share = [], host.share(weight) if ctx["host"] else 1.0
-    for u, n in enumerate(ctx["sizes"]):
-        colls = unit_collectives(meth, n, N, G, lv, ctx["grad_dtype"], ctx["param_dtype"])
-        step = {}
-        for kind, what in (("gather", "fsdp allgather"), ("scatter", "fsdp reducescatter"),
-                           ("reduce", "fsdp allreduce"), ("cross", meth.name), ("sync", "momentum-sync")):
-            step[kind], figures = net.calls(what, colls[kind], 4 * n)
-            tally.add(what, figures, 4 * n, count=2 if kind == "gather" and u else 1, per_step=kind == "sync")
+    plan, share, sizes = [], host.share(weight) if ctx["host"] else 1.0, ctx["sizes"]
+    kinds = (("gather", "fsdp allgather"), ("scatter", "fsdp reducescatter"), ("reduce", "fsdp allreduce"),
+             ("cross", meth.name), ("sync", "momentum-sync"))
+    of_size = {}  # units of one size issue the same collectives
+    for n in sizes:
+        if n not in of_size:
+            colls = unit_collectives(meth, n, N, G, lv, ctx["grad_dtype"], ctx["param_dtype"])
+            of_size[n] = {kind: net.calls(what, colls[kind], 4 * n) for kind, what in kinds}
+    for n, k in collections.Counter(sizes).items():
+        for kind, what in kinds:  # every unit is gathered twice but the root
+            count = 2 * k - (n == sizes[0]) if kind == "gather" else k
+            tally.add(what, of_size[n][kind][1], 4 * n, count=count, per_step=kind == "sync")
+    for u, n in enumerate(sizes):
+        step = {kind: of_size[n][kind][0] for kind, _ in kinds}
         # the root (unit 0) stays gathered from forward to backward: FSDP2 does not reshard it
         plan.append(dict(step, gather_back=step["gather"] if u else [], fwd=ctx["fwd"] * n / P * share,
                          bwd=ctx["bwd"] * n / P * share, codec=per * -(-n // G) / ctx["codec_bw"]))
@@ -165,11 +172,7 @@ def simulate(ctx: dict) -> dict:
     if not meth.dense:
         control, figures = net.control()
         tally.add(CONTROL_NAME, figures, wire.CONTROL.nbytes)
-    shard = sum(-(-n // G) for n in ctx["sizes"])
-    sim = ShardedSim(host, weight, plan, ctx["update_bytes"] * shard / ctx["update_bw"], control,
-                     [x for unit in plan for x in unit["sync"]] if ctx["K"] else [],
-                     bool(ctx["profile"].codec_on_compute), ctx["overlap"])
-    out = sim.run()
+    out = _run(ctx, lv, host, weight, plan, control)
     msync = out["msync"] / ctx["K"] if ctx["K"] else 0.0
     held, fraction = memory(P, G, "sharded", ctx["sizes"])
     return dict(step=out["step"] + msync, optimizer=out["update"], codec=out["codec"],
@@ -180,6 +183,25 @@ def simulate(ctx: dict) -> dict:
 
 
 CONTROL_NAME = f"control {wire.CONTROL.op}"
+
+
+def _run(ctx: dict, lv: int, host: HostModel, weight: int, plan: list, control) -> dict:
+    """ShardedSim's phases of the step. The momentum sync runs after everything else, on cores nothing else uses
+    then, so the step before it is simulated once per cache for every K (autotune asks for many) and the sync
+    on its own."""
+    G, synchronous = ctx["cluster"].gpus_per_node, bool(ctx["profile"].codec_on_compute)
+    update = ctx["update_bytes"] * sum(-(-n // G) for n in ctx["sizes"]) / ctx["update_bw"]
+    key = ctx["cache"].key(ctx["cluster"], ctx["profile"], "sharded step", ctx["meth"].name, ctx["P"]) + (
+        tuple(ctx["sizes"]), lv, ctx["fwd"], ctx["bwd"], update, ctx["codec_bw"], ctx["grad_dtype"],
+        ctx["param_dtype"], repr(ctx["spec"]), ctx["exact"], ctx["overlap"])
+    sync = [x for unit in plan for x in unit["sync"]] if ctx["K"] else []
+    if ctx["host"] is None:  # devices nobody shares: the same events without processes
+        return unshared_step(plan, update, control, sync, synchronous, ctx["overlap"])
+    steps = ctx["cache"].steps
+    if key not in steps:
+        steps[key] = ShardedSim(host, weight, plan, update, control, [], synchronous, ctx["overlap"]).run()
+    msync = ShardedSim(host, weight, [], 0.0, None, sync, synchronous, ctx["overlap"]).run()["msync"] if sync else 0.0
+    return dict(steps[key], msync=msync)
 
 
 class Tally:

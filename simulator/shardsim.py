@@ -147,4 +147,53 @@ class ShardedSim:
         yield env.all_of([env.timeout(c.seconds + wait), self.cores.run(host.call_cpu + host.byte_cpu * c.bytes)])
 
 
-__all__ = ["ShardedSim"]
+def unshared_step(plan: list, optimizer: float, control, sync: list, synchronous: bool, overlap: bool) -> dict:
+    """ShardedSim.run()'s figures on devices nobody shares (every job at full speed, no waits for a core): the same
+    events, each the latest of what it waits for plus its duration, in one pass over the units."""
+    def d(calls):
+        return sum(c.seconds for c in calls)
+
+    n, back = len(plan), range(len(plan) - 1, -1, -1)
+    scattered, reduced = [0.0] * n, [0.0] * n
+    t = stream = started = rs = ar = 0.0
+    for i, u in enumerate(plan):  # forward
+        if synchronous:
+            t += d(u["gather"]) + u["fwd"]
+        else:  # the gather stream issues unit i's once unit i-1 has started; unit i waits for it
+            stream = max(stream, started if i else 0.0) + d(u["gather"])
+            started = max(t, stream)
+            t = started + u["fwd"]
+    forward, trigger = t, t
+    for i in back:
+        u = plan[i]
+        if synchronous:
+            t += d(u["gather_back"]) + u["bwd"] + d(u["scatter"]) + d(u["reduce"])
+            scattered[i] = reduced[i] = t
+            continue
+        if u["gather_back"]:  # issued when the unit before it in backward started (the first: when forward ended)
+            stream = max(stream, trigger) + d(u["gather_back"])
+        trigger = max(t, stream)
+        t = trigger + u["bwd"]
+        rs = max(rs, t) + d(u["scatter"])
+        ar = max(ar, rs) + d(u["reduce"])
+        scattered[i], reduced[i] = rs, ar
+    backward = max([t, *reduced])
+    lioncub = control is not None  # (the baseline has no LionCub thread: no codec, no cross-node calls of its own)
+    codec = sum(u["codec"] for u in plan) if lioncub else 0.0
+    comm = control.seconds + sum(d(u["cross"]) for u in plan) if lioncub else 0.0
+    waited = backward
+    if lioncub and overlap:
+        thread = 0.0
+        for i in back:
+            thread = max(thread, scattered[i]) + plan[i]["codec"] + d(plan[i]["cross"])
+        waited = max(backward, thread + control.seconds)
+    elif lioncub:
+        waited = backward + codec + comm
+    computing = sum(u["fwd"] + u["bwd"] for u in plan)
+    fsdp = sum(d(u["gather"]) + d(u["gather_back"]) + d(u["scatter"]) + d(u["reduce"]) for u in plan)
+    return dict(step=waited + optimizer, forward=forward, compute=backward, exposed=waited - backward,
+                update=optimizer, msync=d(sync), device_seconds=computing + codec + optimizer, fsdp=fsdp, comm=comm,
+                codec=codec, computing=computing, fsdp_exposed=backward - computing)
+
+
+__all__ = ["ShardedSim", "unshared_step"]

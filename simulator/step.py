@@ -247,10 +247,7 @@ def _sharded_step(a: dict, units, param_dtype) -> StepResult:
     step, base_dict = t["step"], None
     base_step = step
     if a["_baseline"] and not meth.dense:  # the sharded baseline: FSDP2's own HSDP and plain Lion
-        base = simulate_step(**{**a, "method": methods.BASELINE, "momentum_sync": None, "levels": None,
-                                "cache": cache, "_baseline": False}, sharded=True, units=sizes, param_dtype=param_dtype)
-        base_step = base.step_seconds
-        base_dict = {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
+        base_step, base_dict = _sharded_baseline(a, cache, cluster, profile, P, sizes, param_dtype)
     speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
     return StepResult(
         method=meth.name, backend=profile.name, ranks=cluster.ranks, params=P, step_seconds=step,
@@ -262,6 +259,20 @@ def _sharded_step(a: dict, units, param_dtype) -> StepResult:
         step_interval=interval(step, err), speedup_interval=a["_baseline"] and ratio_interval(speedup, err) or None,
         sharded=True, memory_bytes_per_rank=t["memory"], memory_fraction=t["memory_fraction"],
         node_bytes_per_rank=t["node_sent"], fsdp_exposed_seconds=t["fsdp_exposed"])
+
+
+def _sharded_baseline(a: dict, cache: Cache, cluster, profile, P, sizes, param_dtype) -> tuple[float, dict]:
+    """(step seconds, StepResult fields) of FSDP2's own HSDP with plain Lion on the same units, simulated once per
+    cache (autotune asks it of every sharded candidate)."""
+    key = cache.key(cluster, profile, "sharded baseline", repr(a["algorithm"]), P) + tuple(
+        repr(a[k]) for k in ("compute_seconds", "flops_per_second", "tokens_per_step", "grad_dtype",
+                             "memory_bandwidth", "backward_fraction", "overlap", "exact")) + (tuple(sizes), param_dtype)
+    if key not in cache.steps:
+        base = simulate_step(**{**a, "method": methods.BASELINE, "momentum_sync": None, "levels": None,
+                                "cache": cache, "_baseline": False}, sharded=True, units=sizes, param_dtype=param_dtype)
+        cache.steps[key] = base.step_seconds, {k: v for k, v in base.to_dict().items()
+                                               if k not in ("baseline", "collectives")}
+    return cache.steps[key]
 
 
 def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps=None) -> dict:

@@ -537,3 +537,18 @@ def test_sharded_is_picked_when_nothing_else_fits_the_memory():
                                              "1.397 GiB per rank")
     with pytest.raises(ValueError, match="memory_per_rank must be positive"):
         autotune.search(cluster, P, 0.2, memory_per_rank=0, **kw)
+
+
+def test_sharded_candidates_every_k_equal_the_simulator():
+    """The search prices a sharded every:K as the no-sync step plus one sync / K (the sync runs after everything
+    else in that step); simulate_step with momentum_sync=K gives the same step, bytes and ranking."""
+    cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="10Gbit", latency="20us")
+    res = autotune.search(cluster, 50_000_000, 0.05, methods=["vote-1bit", "allreduce"],
+                          momentum_syncs=["none", "every:4", "every:16"], bucket_mbs=[25])
+    sharded = [c for c in res.candidates if c.layout == "sharded"]
+    assert {c.momentum_sync for c in sharded} == {"none", "every:4", "every:16"}
+    check_against_simulator(res, cluster, 50_000_000, 0.05)
+    for c in sharded:
+        k = None if c.momentum_sync in ("none", "-") or c.dense else int(c.momentum_sync.split(":")[1])
+        r = simulate_step(cluster, c.method, 50_000_000, k, c.bucket_mb, 0.05, sharded=True)
+        assert c.bytes_per_step == pytest.approx(r.bytes_sent_per_rank, rel=1e-12)

@@ -167,3 +167,38 @@ def test_shared_cores_give_the_contention_phases_and_an_interval():
     assert r.step_interval == pytest.approx((0.9 * r.step_seconds, 1.2 * r.step_seconds))
     again = simulate_step(c, "vote-1bit", 3_000_000, compute_seconds=0.5, backend=prof, sharded=True)
     assert again.step_seconds == r.step_seconds
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_one_pass_step_is_the_processes_on_unshared_devices(seed):
+    """simulate_step without a host takes the one-pass arithmetic (shardsim.unshared_step); the SimPy processes
+    (ShardedSim, which the contention model runs) on devices nobody shares give the same figures for random
+    plans: CPU and GPU ranks, with and without overlap, with LionCub's control message or without (the baseline),
+    with the root's missing backward all-gather."""
+    import random
+
+    from lioncub.simulator.contention import Call
+    from lioncub.simulator.sharded import UNSHARED
+    from lioncub.simulator.shardsim import ShardedSim, unshared_step
+
+    rng = random.Random(seed)
+
+    def calls(k):
+        return [Call("x", "ring", 1.0, rng.uniform(0, 0.02), 1.0, 2, 0.0) for _ in range(k)]
+
+    plan = []
+    for u in range(rng.randint(1, 7)):
+        gather = calls(1)
+        plan.append(dict(gather=gather, gather_back=gather if u else [], scatter=calls(1),
+                         reduce=calls(rng.randint(0, 1)), cross=calls(rng.randint(0, 2)), sync=calls(1),
+                         fwd=rng.uniform(0, 0.03), bwd=rng.uniform(0, 0.06), codec=rng.uniform(0, 0.01)))
+    sync = [c for u in plan for c in u["sync"]]
+    for synchronous in (False, True):
+        for overlap in (False, True):
+            for control in (None, calls(1)[0]):
+                args = (plan, 0.004, control, sync, synchronous, overlap)
+                sim = ShardedSim(UNSHARED, 1, plan, 0.004, control, sync, synchronous, overlap).run()
+                one = unshared_step(*args)
+                for k in ("step", "forward", "compute", "exposed", "update", "msync", "fsdp", "comm", "codec",
+                          "computing", "fsdp_exposed", "device_seconds"):
+                    assert one[k] == pytest.approx(sim[k], rel=1e-9, abs=1e-12), (k, synchronous, overlap, control)

@@ -370,17 +370,17 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
         n_dense = dense_warmup_for(rk["level"], steps)
         if s == "none":
             r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
-        elif s.startswith("every:"):
+        elif s.startswith("every:") and lay != "sharded":
             r = sim(int(s.split(":")[1]))
             rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
-        else:
+        else:  # (the sharded step syncs after everything else: its every:K step is the no-sync step + sync / K)
             seconds, sent, credit = per_sync()
             if s.startswith("adaptive"):
                 n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
                                              _credit_bytes(dense, lay, G), credit)
             else:
                 if s not in memo.rates:
-                    memo.rates[s] = len(_sync_steps(s, steps)) / steps
+                    memo.rates[s] = 1 / int(s[6:]) if s.startswith("every:") else len(_sync_steps(s, steps)) / steps
                 rate = memo.rates[s]
             r, extra_t, extra_b = r0, rate * seconds, rate * sent
         step = r.step_seconds + extra_t
