@@ -40,6 +40,10 @@ Codec per bucket: the method's codec_bytes_per_element for N/G voters on the S-e
 over the bucket's n gradients into the reduce-scatter's buffer (read fp32, write the wire dtype) and
 the decode of all G gathered shards' codes (G * agreed_bytes(S)). The Lion update stays 20 bytes per
 parameter (an upper bound: each rank updates the momentum of its shard only).
+
+Sharded layout (`sharded=True`: the model sharded by FSDP2 inside nodes of G ranks, HSDP): FSDP's all-gathers
+and reduce-scatter inside the node, the method across nodes on the 1/G shard, the update on the shard, as
+FSDP2 overlaps them; simulator/sharded.py and shardsim.py.
 """
 
 from __future__ import annotations
