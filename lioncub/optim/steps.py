@@ -104,14 +104,14 @@ def dense(engine, clock, done=None) -> None:
 
 
 def compressed(engine, clock) -> None:
-    """1. per bucket the pre-pass (the node layout first reduces inside the node); 2. the control message
-    (non-finite count, parameters without a gradient); 3. per bucket encode with the momentum update fused in,
-    exchange, apply."""
+    """Per unit (a bucket, or a run of adjacent buckets: lioncub.optim.runs): 1. the pre-pass (the node layout
+    first reduces inside the node); 2. the control message (non-finite count, parameters without a gradient);
+    3. encode with the momentum update fused in, exchange, apply."""
     buckets, layout = engine.buckets, engine.layout
-    xs = [engine.exchange_of(k, engine.spec) for k in range(len(buckets))]
+    units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
     prepared, finite = [], []
-    for b, x in zip(buckets, xs):
+    for b, x in zip(units, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
@@ -130,7 +130,7 @@ def compressed(engine, clock) -> None:
         return skip(engine, f"{bad} rank(s) saw a non-finite gradient", collectives, seconds["comm"])
     codes = []
     with keep(engine, untouched):
-        for b, x, (g, offsets, mult) in zip(buckets, xs, prepared):
+        for b, x, (g, offsets, mult) in zip(units, xs, prepared):
             h = buckets.hyper(b)
             ta = clock()
             x.pack(g, b.m, mult, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
@@ -144,7 +144,7 @@ def compressed(engine, clock) -> None:
             seconds["apply"] += clock() - tc
             collectives += [c for c in x.collectives if c.op != "reducescatter"]
     finish(engine, clock, xs, codes, collectives, quantize_s=seconds["quantize"], comm_s=seconds["comm"],
-           apply_s=seconds["apply"])
+           apply_s=seconds["apply"], units=units)
 
 
 def apply_pass(engine, clock, done) -> None:
@@ -161,11 +161,13 @@ def apply_pass(engine, clock, done) -> None:
            apply_s=clock() - t0, exposed_s=done.exposed_s)
 
 
-def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s, exposed_s=None) -> None:
-    """After a compressed step: its agreement, the momentum sync if one is due, the statistics."""
+def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s, exposed_s=None,
+           units=None) -> None:
+    """After a compressed step (over `units`, default the buckets): its agreement, the momentum sync if one is
+    due, the statistics."""
     engine.momenta_identical = False
     stats, layout = engine.stats, engine.layout
-    stats.last_agreement = layout.agreement(engine.spec.codec, engine.buckets, xs, codes, engine.levels)
+    stats.last_agreement = layout.agreement(engine.spec.codec, units or engine.buckets, xs, codes, engine.levels)
     due = engine.schedule.decide(engine.steps, stats.last_agreement, credit_bytes(engine, collectives),
                                  credit_bytes(engine, layout.sync_collectives(engine.buckets)))
     sync_s = 0.0
