@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
@@ -27,6 +28,7 @@ log = logging.getLogger("lioncub")
 @torch.no_grad()
 def take(engine, timing: bool) -> None:
     """Step engine.steps + 1 on the gradients in the buckets (or a pass that already exchanged them)."""
+    began = time.perf_counter()
     engine.steps += 1
     engine.stats.steps += 1
     engine.buckets.adopt_moved_params()
@@ -47,6 +49,8 @@ def take(engine, timing: bool) -> None:
     else:
         compressed(engine, clock)
     engine.buckets.end_step()
+    if timing:
+        engine.stats.tick(began)
 
 
 @contextlib.contextmanager
