@@ -107,7 +107,7 @@ class Engine:
 
     def step_units(self, method) -> tuple[list, list]:
         """(units, their exchanges) for a step that communicates in step(), where nothing overlaps: runs of
-        adjacent automatic buckets (lioncub.optim.runs), else the buckets."""
+        adjacent automatic buckets (lioncub.optim.runs, flat layout only), else the BucketSet itself."""
         n = len(self.buckets)
         if self._runs is None or self._runs[0] != n:
             plan = runs.plan(self.buckets.buckets, self._run_bytes) if self._run_bytes else None
@@ -115,7 +115,7 @@ class Engine:
                           [self.buckets[m[0]] if len(m) == 1 else runs.Run(self.buckets, m) for m in plan])
         units = self._runs[1]
         if units is None:
-            return list(self.buckets), [self.exchange_of(k, method) for k in range(n)]
+            return self.buckets, [self.exchange_of(k, method) for k in range(n)]
         xs = []
         for k, unit in enumerate(units):
             key = (method.name, "run", k)

@@ -46,6 +46,7 @@ class ShardedBucket:
         self.shards, self.local, self.m = shards, local, m
         self.n = self.shard = shards.size
         self.p = None  # (no flat copy of the parameters: FSDP's shards are updated in place)
+        self.base = None  # (nor one buffer of all units: lioncub.optim.runs leaves them alone)
         self.g: torch.Tensor | None = None
         self.offsets = [shards.where(i, local)[0] for i in range(len(params))] + [shards.size]
 
