@@ -171,7 +171,8 @@ def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s
     due, the statistics."""
     engine.momenta_identical = False
     stats, layout = engine.stats, engine.layout
-    stats.last_agreement = layout.agreement(engine.spec.codec, engine.buckets if units is None else units, xs, codes, engine.levels)
+    units = engine.buckets if units is None else units
+    stats.last_agreement = layout.agreement(engine.spec.codec, units, xs, codes, engine.levels)
     due = engine.schedule.decide(engine.steps, stats.last_agreement, credit_bytes(engine, collectives),
                                  credit_bytes(engine, layout.sync_collectives(engine.buckets)))
     sync_s = 0.0
