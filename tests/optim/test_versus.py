@@ -7,10 +7,10 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from lioncub.simulator import Cluster, simulate_step
 
 from lioncub import LionCub
 from lioncub.optim.stats import WINDOW
-from lioncub.simulator import Cluster, simulate_step
 
 PAUSE = 0.01  # the loop's "forward and backward": every step is at least this long
 
