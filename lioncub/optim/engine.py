@@ -27,6 +27,7 @@ from lioncub.optim.overlap import Overlap
 from lioncub.optim.passes import ExchangePass, LossScale
 from lioncub.optim.phase import Phase
 from lioncub.optim.sharded import ShardedBucketSet, ShardedLayout
+from lioncub.optim.skips import DeviceSkips
 from lioncub.optim.stats import CommStats
 
 log = logging.getLogger("lioncub")
@@ -58,6 +59,7 @@ class Engine:
         self.buckets = (ShardedBucketSet(param_groups, state, sharding) if sharding is not None else
                         BucketSet(param_groups, state, int(bucket_mb * 2**20), self.layout.node_size))
         self.stats = CommStats()
+        self.skips = DeviceSkips()  # steps whose skip was decided on the device (world size 1)
         self.steps = 0  # steps taken (skipped ones included)
         self.momenta_identical = True
         self.pending: ExchangePass | None = None

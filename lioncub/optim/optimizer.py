@@ -170,6 +170,9 @@ class LionCub(torch.optim.Optimizer):
 
     @property
     def stats(self) -> CommStats:
+        """Alone on a GPU a skipped step counts once its device flag is back (lioncub.optim.skips): at the next
+        step, or here after the device was synchronised."""
+        steps.settle(self.engine)
         return self.engine.stats
 
     @stats.setter

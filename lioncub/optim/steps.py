@@ -17,6 +17,7 @@ import time
 
 import torch
 
+from lioncub import kernels
 from lioncub.comm import wire
 from lioncub.comm.transport import agree_control
 from lioncub.optim.passes import nonfinite_flag
@@ -29,6 +30,7 @@ log = logging.getLogger("lioncub")
 def take(engine, timing: bool) -> None:
     """Step engine.steps + 1 on the gradients in the buckets (or a pass that already exchanged them)."""
     began = time.perf_counter()
+    settle(engine)
     engine.steps += 1
     engine.stats.steps += 1
     engine.buckets.adopt_moved_params()
@@ -71,12 +73,26 @@ def keep(engine, untouched: frozenset):
 
 
 def local(engine, clock) -> None:
+    """Plain Lion; a non-finite gradient makes the update kernels write nothing, decided on the device
+    (lioncub.optim.skips: on a GPU the count comes back later, without draining the queue)."""
     t0 = clock()
-    if engine.skip_nonfinite and not engine.buckets.all_finite():
-        return skip(engine, "non-finite gradient")
-    with keep(engine, engine.untouched(len(engine.buckets.unused), [])):
-        engine.layout.dense_step(engine.buckets)
+    buckets = engine.buckets
+    flag = kernels.nonfinite_flag([b.g for b in buckets]) if engine.skip_nonfinite and len(buckets) else None
+    with keep(engine, engine.untouched(len(buckets.unused), [])):
+        engine.layout.dense_step(buckets, skip=flag)
     record(engine, (), apply_s=clock() - t0)
+    if flag is not None:
+        engine.skips.add(engine.steps, flag)
+        settle(engine, wait=not buckets.is_cuda)
+
+
+def settle(engine, wait: bool = False) -> None:
+    """Count (and report) the steps skipped on the device whose flags have come back."""
+    for step in engine.skips.settle(wait):
+        engine.stats.skipped_steps += 1
+        if engine.rank == 0:
+            log.warning("LionCub: step %d skipped (non-finite gradient); %d skipped so far", step,
+                        engine.stats.skipped_steps)
 
 
 def dense(engine, clock, done=None) -> None:
