@@ -136,7 +136,8 @@ class _Rows(torch.utils.data.Dataset):
         return {"x": self.x[i], "labels": self.y[i]}
 
 
-def hf_trainer_run(rank, world_size):
+def hf_trainer_run(rank, world_size, max_grad_norm=0.0):
+    """max_grad_norm > 0: the Trainer clips through accelerate's clip_grad_norm_, which unscales first."""
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from lioncub.integrations import attach_to_trainer
@@ -152,7 +153,7 @@ def hf_trainer_run(rank, world_size):
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(output_dir=out, max_steps=STEPS, per_device_train_batch_size=8, fp16=True,
                                  use_cpu=True, report_to=[], save_strategy="no", lr_scheduler_type="constant",
-                                 max_grad_norm=0.0, disable_tqdm=True, ddp_backend="gloo")
+                                 max_grad_norm=max_grad_norm, disable_tqdm=True, ddp_backend="gloo")
         trainer = Trainer(model=net, args=args, train_dataset=_Rows(), optimizers=(opt, None),
                           callbacks=[Note()])
         # what Accelerator.__init__ sets for fp16 on a GPU (the Trainer's accelerator reads these two attributes)
