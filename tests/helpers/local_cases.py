@@ -187,3 +187,35 @@ KINDS = {"allreduce": "dense", "vote-1bit": "sign", "vote-pbit": "sign", "vote-a
 
 def levels_for(method, N):
     return default_levels(N) if method == "l1-pbit" else 0
+
+
+def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None):
+    """Uninterrupted vs lioncub.checkpoint.save after `cut` steps and load into a fresh model and optimizer:
+    the parameters after every later step, and at the end the momenta, residuals, anchor, outer momentum and
+    counters, bit for bit."""
+    from lioncub.integrations import checkpoint
+
+    def state(params, opt):
+        sd = opt.local.state_dict()
+        flat = (lambda ts: None if ts is None else torch.cat([t.reshape(-1) for t in ts]))
+        return dict(momenta=flat([opt.state[p]["exp_avg"] for p in params]), residual=flat(sd["residual"]),
+                    anchor=flat(sd["anchor"]), velocity=flat(sd["velocity"]),
+                    counts=[sd[k] for k in ("local_skips", "outer_steps", "outer_skips")], step=opt.engine.steps)
+
+    params, opt = make(method, H, outer)
+    full = run(params, opt, rank, 1, steps, bad)
+    full_state = state(params, opt)
+    params, opt = make(method, H, outer)
+    run(params, opt, rank, 1, cut, bad)
+    checkpoint.save(path, torch.nn.ParameterList(params), opt)
+    at_cut = [p.detach().clone() for p in params]
+    params, opt = make(method, H, outer)
+    info = checkpoint.load(path, torch.nn.ParameterList(params), opt)
+    loaded_own = all(torch.equal(a, b) for a, b in zip(params, at_cut))
+    resumed = run(params, opt, rank, cut + 1, steps, bad)
+    same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
+    end = state(params, opt)
+    same_state = all(full_state[k] == end[k] if not isinstance(end[k], torch.Tensor) or full_state[k] is None
+                     else torch.equal(full_state[k], end[k]) for k in end)
+    return dict(same=same, same_state=same_state, steps=len(resumed), info=info, loaded_own=loaded_own,
+                at_cut=torch.cat([p.reshape(-1) for p in at_cut]), residual=end["residual"], counts=end["counts"])
