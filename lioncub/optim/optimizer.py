@@ -71,7 +71,8 @@ class LionCub(torch.optim.Optimizer):
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of collectives
             per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.comm.wire.auto_bucket_mb) for the
             overlap; a step that communicates in step() (overlap=False, or gradients set without a backward)
-            exchanges adjacent ones as one, up to 64 MiB, with the same result (lioncub.optim.runs).
+            exchanges adjacent ones as one, up to 64 MiB (lioncub.optim.runs: the same result; the dense
+            method's sums to rounding).
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).

@@ -10,6 +10,9 @@ each starting on a multiple of BUCKET_ALIGN elements, where the kernels start th
 between two buckets is a segment of its own (zero gradient, zero momentum, no parameter). Every method's code
 is per coordinate and its L1 scales are per segment, so each coordinate gets the bits it gets when its bucket
 is exchanged alone, in fewer collectives (tested). Only the agreement statistic differs: it samples the run.
+The dense method's fp32 all-reduce of a run sums each coordinate in another order than its bucket's (the
+collective cuts its buffer into per-rank chunks), so a dense step over runs is equal to rounding, and, as
+always, identical on every rank.
 """
 
 from __future__ import annotations

@@ -102,8 +102,7 @@ def dense(engine, clock, done=None) -> None:
     else:
         collectives, unused = [], len(engine.buckets.unused)
         if engine.world_size > 1:
-            for k in range(len(engine.buckets)):
-                x = engine.exchange_of(k, engine.phase.dense_method)
+            for x in engine.step_units(engine.phase.dense_method)[1]:  # (runs: a larger sum, in another order)
                 x()
                 collectives += x.collectives
             _, _, unused = agree_control(0, None, engine.group, engine.buckets.device, unused)

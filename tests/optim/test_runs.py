@@ -39,6 +39,18 @@ def test_runs_when_gradients_are_set_by_hand_with_overlap_on(method):
         assert all(x < y for x, y in zip(m["collectives"], a["collectives"]))
 
 
+def test_the_dense_method_over_runs_averages_the_same_gradients():
+    alone = spawn(run_cases.steps, 3, "allreduce", False, False)
+    merged = spawn(run_cases.steps, 3, "allreduce", True, False)
+    for a, m in zip(alone, merged):
+        for x, y in zip(a["momenta"], m["momenta"]):  # the same mean gradients, summed in another order
+            torch.testing.assert_close(x.float(), y.float(), rtol=1e-5, atol=1e-7)
+        for x, y in zip(a["params"], m["params"]):  # a sign that rounding flips moves a coordinate by 2 lr
+            torch.testing.assert_close(x.float(), y.float(), rtol=0, atol=2.5e-2)
+        assert m["replicas_equal"]
+        assert all(x < y for x, y in zip(m["collectives"], a["collectives"]))
+
+
 def _buckets(shapes, bucket_mb, dtypes=(torch.float32,)):
     params = [torch.nn.Parameter(torch.zeros(s, dtype=d)) for s in shapes for d in dtypes]
     return LionCub(params, bucket_mb=bucket_mb).engine.buckets
