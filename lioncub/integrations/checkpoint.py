@@ -242,6 +242,7 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
         raise ValueError(f"{path}: saved by {saved[0]} ranks in nodes of {saved[1]}; this optimizer has "
                          f"{opt.world_size} in nodes of {opt.node_size}: a hierarchical optimizer's momentum shards "
                          f"resume on the same layout only")
+    _check_local(path, meta, opt)
     buckets = opt.engine.buckets
     part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(buckets)},
                                 "stats": ""}}
@@ -251,6 +252,8 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
     extra = dict(step=meta["step"], world_size=opt.world_size, rank=opt.rank, method=meta["method"],
                  levels=meta["levels"], dense_warmup=meta["dense_warmup"], momenta_identical=meta["momenta_identical"],
                  node_size=opt.node_size, momentum_shards=shards, stats=json.loads(mine["stats"]))
+    if opt.local is not None:
+        extra["local"] = _read_local(path, opt, meta["local"])
     opt.load_state_dict({"state": {}, "param_groups": _groups(meta), "lioncub": extra})
     return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
 

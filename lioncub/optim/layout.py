@@ -23,6 +23,7 @@ class FlatLayout:
     """Every rank holds whole buckets and votes."""
 
     node_size = 1
+    nodes = None  # the node layout's process groups (lioncub.optim.nodes.Nodes)
 
     def __init__(self, group=None):
         self.group = group

@@ -80,6 +80,20 @@ def test_local_steps_resume_bit_exactly_mid_interval_and_at_the_boundary(tmp_pat
             assert reports[0]["residual"] is None
 
 
+def test_local_steps_in_the_node_layout_resume_bit_exactly(tmp_path):
+    """hierarchical=True with local steps: momentum shards, the node leaders' residuals, mid-interval and at the
+    boundary (4 ranks in nodes of 2; rank 1's inf at step 2 makes its node skip that step)."""
+    for cut in (4, 3):
+        path = str(tmp_path / f"cut{cut}")
+        reports = spawn(lc.dcp_resume_case, 4, "vote-1bit", 3, "nesterov", 7, cut, path, (1, 2), 2, timeout=240)
+        for rank, r in enumerate(reports):
+            assert r["same"] and r["same_state"] and r["steps"] == 7 - cut, (cut, rank)
+            assert r["counts"][0] == (1 if rank < 2 else 0)  # the node of ranks 0 and 1 skipped step 2
+        assert torch.equal(reports[0]["at_cut"], reports[1]["at_cut"])  # a node's ranks are one replica
+        assert torch.equal(reports[0]["at_cut"], reports[2]["at_cut"]) == (cut % 3 == 0)
+        assert not torch.equal(reports[0]["residual"], reports[2]["residual"])  # each node leader's own
+
+
 def test_a_local_steps_checkpoint_refuses_another_world_size_or_options(tmp_path):
     path = str(tmp_path / "ckpt")
     spawn(lc.dcp_resume_case, 2, "vote-1bit", 3, "avg", 5, 4, path, timeout=120)
