@@ -62,6 +62,12 @@ def all_finite(tensors) -> bool:
     return reference.all_finite(tensors)
 
 
+def nonfinite_flag(tensors):
+    """1 (a 0-dim int32 tensor on their device) where some element of the tensors is not finite, read by
+    lion_step(skip=...) on the device: the step decides without a host sync."""
+    return reference.nonfinite_flag(tensors)
+
+
 def lion_step(p, g, m, **kw):
     return implementation(p).lion_step(p, g, m, **kw)
 

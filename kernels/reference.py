@@ -170,8 +170,11 @@ def apply_update_(p: torch.Tensor, update: torch.Tensor, lr: float, wd: float) -
         p.copy_(p32.add_(update, alpha=-lr))
 
 
-def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
-    """One plain Lion step (no communication): the world-size-1 path."""
+def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float, skip=None) -> None:
+    """One plain Lion step (no communication): the world-size-1 path. `skip`: a 0-dim int tensor (nonzero_flag's)
+    that, when nonzero, leaves p and m as they are."""
+    if skip is not None and bool(skip):
+        return
     for _, s, e in pieces(p.numel(), device=p.device):
         update = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, g.device)).sign_()
         apply_update_(p[s:e], update, lr, wd)
@@ -182,6 +185,11 @@ def finite_flag(t: torch.Tensor) -> torch.Tensor:
     """A 0-dim bool tensor on t's device, no host sync: one read pass, and a sum is finite iff every element
     is (a sum that overflows float32 also says no)."""
     return torch.isfinite(t.sum(dtype=torch.float32))
+
+
+def nonfinite_flag(tensors) -> torch.Tensor:
+    """A 0-dim int32 tensor on the tensors' device, 1 where some element is not finite: no host sync."""
+    return torch.stack([finite_flag(t) for t in tensors]).all().logical_not().to(torch.int32)
 
 
 def all_finite(tensors) -> bool:

@@ -6,6 +6,7 @@ Triton kernel, with the torch twin's rounding (so world size 1 reproduces single
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -13,6 +14,7 @@ from .triton_common import (
     CFG,
     LAUNCH,
     apply_update,
+    cached,
     check_flat,
     device_fn,
     emulate_bf16,
@@ -38,22 +40,26 @@ def _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, 
 
 
 @triton.jit
-def lion_kernel(p_ptr, g_ptr, m_ptr, n, decay, neg_lr, beta1, omb1, beta2, omb2, BLOCK: tl.constexpr,
-                 EMU: tl.constexpr):
+def lion_kernel(p_ptr, g_ptr, m_ptr, skip_ptr, n, decay, neg_lr, beta1, omb1, beta2, omb2, BLOCK: tl.constexpr,
+                EMU: tl.constexpr):
     start = tl.program_id(0) * BLOCK
     offs = start + tl.arange(0, BLOCK)
-    if start + BLOCK <= n:
-        _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, omb2, False, EMU)
-    else:
-        _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, omb2, True, EMU)
+    if tl.load(skip_ptr) == 0:
+        if start + BLOCK <= n:
+            _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, omb2, False, EMU)
+        else:
+            _lion_tile(p_ptr, g_ptr, m_ptr, offs, n, decay, neg_lr, beta1, omb1, beta2, omb2, True, EMU)
 
 
-def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float) -> None:
-    """p <- p*(1 - lr*wd) - lr*sign(b1*m + (1-b1)*g); m <- b2*m + (1-b2)*g, in one launch."""
+def lion_step(p, g, m, *, lr: float, wd: float, beta1: float, beta2: float, skip=None) -> None:
+    """p <- p*(1 - lr*wd) - lr*sign(b1*m + (1-b1)*g); m <- b2*m + (1-b2)*g, in one launch; nothing where the
+    0-dim int32 `skip` (read on the device, no host sync) is nonzero."""
     n = check_flat(p, g, m)
     if n == 0:
         return
+    if skip is None:
+        skip = cached(("no skip", str(p.device)), lambda: torch.zeros((), dtype=torch.int32, device=p.device))
     block, warps = CFG["lion"]
     lion_kernel[(triton.cdiv(n, block),)](
-        p, g, m, n, float(1 - lr * wd), float(-lr), float(beta1), float(1 - beta1), float(beta2),
+        p, g, m, skip, n, float(1 - lr * wd), float(-lr), float(beta1), float(1 - beta1), float(beta2),
         float(1 - beta2), BLOCK=block, EMU=emulate_bf16(), **LAUNCH, num_warps=warps)

@@ -598,10 +598,43 @@ def step_optimizer(ctx: Ctx) -> None:
     device = torch.device(ctx.device)
     contenders, base, n = _contenders(ctx, torch, device)
     _first_steps(ctx, torch, device, contenders, base)
+    if ctx.cuda:
+        _skips_on_the_device(ctx, torch, device)
     ctx.save()
     ms = _step_times(ctx, torch, device, contenders, n)
     _codec_of_bench(ctx, n)
     ctx.result["summary"] = _optimizer_summary(ctx.result, ms, n)
+
+
+def _skips_on_the_device(ctx: Ctx, torch, device) -> None:
+    """LionCub alone on the GPU: step() makes no host sync (the finite check stays on the device: a read-back
+    would drain the queue), and a NaN gradient leaves parameters and momenta as they were, counted once its
+    flag is back."""
+    from lioncub import LionCub
+
+    ps = [torch.nn.Parameter(torch.randn(4096 + k, device=device)) for k in range(3)]
+    for p in ps:
+        p.grad = torch.randn_like(p)
+    opt = LionCub(ps, lr=1e-3, weight_decay=0.1)
+    opt.step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        opt.step()
+        synced = None
+    except RuntimeError as exc:
+        synced = str(exc)[:400]
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    ctx.result["step_sync_error"] = synced
+    ctx.check("LionCub world size 1: step() without a host sync", synced is None)
+    before = [t.detach().clone() for p in ps for t in (p, opt.state[p]["exp_avg"])]
+    ps[1].grad[7] = float("nan")
+    opt.step()
+    torch.cuda.synchronize()
+    kept = all(torch.equal(a, b) for a, b in zip(before, [t for p in ps for t in (p, opt.state[p]["exp_avg"])]))
+    ctx.check("LionCub world size 1: a NaN gradient skipped on the device, counted once back",
+              kept and opt.stats.skipped_steps == 1)
 
 
 def _contenders(ctx: Ctx, torch, device) -> tuple[dict, list, int]:

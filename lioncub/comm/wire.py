@@ -156,6 +156,9 @@ def auto_bucket_mb(total_bytes: float) -> float:
     return min(25.0, max(1.0, total_bytes / 8 / 2**20))
 
 
+STEP_RUN_MB = 64.0  # when nothing overlaps, step() exchanges adjacent automatic buckets as one, up to this size
+
+
 def bus_factor(op: str, ranks: int) -> float:
     """Bytes each rank sends per byte of the collective's SIZE with a bandwidth-optimal algorithm (the
     nccl-tests bus-bandwidth factor): 2(p-1)/p for all-reduce, (p-1)/p for all-gather, reduce-scatter and

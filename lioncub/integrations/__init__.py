@@ -4,6 +4,7 @@ themselves (`frameworks`: Hugging Face Trainer, accelerate, Lightning)."""
 
 _LAZY = {"attach_to_trainer": "lioncub.integrations.frameworks",
          "lightning_callback": "lioncub.integrations.frameworks",
+         "replace_grad_scaler": "lioncub.integrations.frameworks",
          "attach_ddp": "lioncub.integrations.ddp",
          "attach_fsdp": "lioncub.integrations.fsdp"}
 

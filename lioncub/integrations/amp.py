@@ -48,6 +48,17 @@ class GradScaler(torch.amp.GradScaler):
         self.process_group = process_group
         self.generation = 0  # bumped whenever the scale may change: a LionCub pass notes which one it divided out
 
+    @classmethod
+    def from_torch(cls, scaler: torch.amp.GradScaler, device: str) -> GradScaler:
+        """The lioncub.GradScaler that takes over from a torch one (a framework's): the same scale, growth and
+        back-off settings, and its growth tracker if it has run or been loaded. `device`: the scaler's."""
+        if not scaler.is_enabled():
+            return cls(device, enabled=False)
+        new = cls(device, init_scale=scaler.get_scale(), growth_factor=scaler.get_growth_factor(),
+                  backoff_factor=scaler.get_backoff_factor(), growth_interval=scaler.get_growth_interval())
+        new.load_state_dict(scaler.state_dict())
+        return new
+
     def inverse_scale(self) -> torch.Tensor | None:
         """1/scale, exactly as torch's unscale_ computes it (so the values are bit for bit the same); None
         before the first scale()."""

@@ -13,6 +13,12 @@ last, so a checkpoint whose save did not finish cannot be loaded):
                               each rank writes its own into its own file (the rank-sharded entries)
     rank<r>.stats             JSON: rank r's opt.stats
     rank<r>.momentum_shards.<k>  (hierarchical layout) rank r's momentum shard of bucket k
+    lioncub.local.anchor.<k>, lioncub.local.velocity.<k>   (local steps) the anchor and outer momentum of
+                              bucket k: replicated, written once
+    rank<r>.residual.<k>, rank<r>.local_counts   (local steps) rank r's error-feedback residual of bucket k
+                              and its counters
+    rank<r>.params.<i>        (local steps, saved between outer steps) rank r's own parameter i: the
+                              replicas differ there, and each resumes from its own
 
 Resuming on the same world size is bit-exact: each rank reads its own momentum. On another world size
 (the policy; it logs which, never silently):
@@ -21,7 +27,8 @@ Resuming on the same world size is bit-exact: each rank reads its own momentum. 
   * otherwise every rank takes the average of all the saved ranks' momenta (summed in fp32 in rank order,
     so the new ranks start identical) and a warning says so: the ranks' own momenta cannot be split or
     merged, and the average is what a momentum sync would have given.
-A hierarchical optimizer's checkpoint (momentum shards) resumes on the same world and node size only.
+A hierarchical optimizer's checkpoint (momentum shards) resumes on the same world and node size only, and
+so does one with local steps (each rank's residuals, and its parameters between outer steps, are its own).
 Steps, hyperparameters and the warm-up resume as with opt.load_state_dict; opt.stats resume on the same
 world size and restart on another.
 """
@@ -65,16 +72,28 @@ def _jsonable(x):
     raise TypeError(f"cannot store {type(x).__name__} in the checkpoint's metadata")
 
 
-def _refuse_local_steps(opt) -> None:
-    if getattr(opt, "local_steps", None) is not None:
-        raise ValueError("lioncub.checkpoint does not hold local steps' state yet (anchor, residuals): save and load "
-                         "opt.state_dict() on each rank instead")
+def _local_entries(opt, meta: dict, mine: dict) -> dict:
+    """Local steps' state: each rank's residuals, counters and, between outer steps (when the replicas differ),
+    its own parameters into `mine`; what they ran into `meta`; returns the anchor and outer momentum (replicated:
+    written once)."""
+    sd = opt.local.state_dict()
+    own_params = opt.engine.steps % sd["local_steps"] != 0
+    meta["local"] = dict(local_steps=sd["local_steps"], outer=sd["outer"], own_params=own_params,
+                         buckets=[b.n for b in opt.engine.buckets],
+                         **{name: sd[name] is not None for name in ("anchor", "velocity", "residual")})
+    shared = {name: {str(k): t for k, t in enumerate(sd[name])} for name in ("anchor", "velocity")
+              if sd[name] is not None}
+    if sd["residual"] is not None:
+        mine["residual"] = {str(k): t for k, t in enumerate(sd["residual"])}
+    mine["local_counts"] = json.dumps({k: sd[k] for k in ("local_skips", "outer_steps", "outer_skips")})
+    if own_params:
+        mine["params"] = {str(i): p.detach() for i, p in enumerate(_params(opt))}
+    return shared
 
 
 def save(path: str, model: torch.nn.Module, opt) -> None:
     """Save `model` and LionCub `opt` to the DCP checkpoint directory `path`. Every rank of the optimizer's
     process group must call it."""
-    _refuse_local_steps(opt)
     sd = opt.state_dict()
     extra = sd["lioncub"]
     meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
@@ -85,8 +104,9 @@ def save(path: str, model: torch.nn.Module, opt) -> None:
     mine = {"exp_avg": momenta, "stats": json.dumps(extra["stats"])}
     if "momentum_shards" in extra:
         mine["momentum_shards"] = {str(k): t for k, t in enumerate(extra["momentum_shards"])}
+    shared = _local_entries(opt, meta, mine) if opt.local is not None else {}
     state = {"model": model.state_dict(),
-             "lioncub": {"meta": json.dumps(meta, default=_jsonable)},
+             "lioncub": {"meta": json.dumps(meta, default=_jsonable), **({"local": shared} if shared else {})},
              f"rank{opt.rank}": mine}
     _dcp(dcp.save, state, path, opt)
 
@@ -95,11 +115,11 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
     """Load a checkpoint written by `save` into `model` and `opt` (built as for the saved run, on any number
     of ranks: see the module docstring for the policy). Every rank must call it. Returns what it did:
     {saved_world_size, world_size, momenta: "own" | "rank0" | "average", step}."""
-    _refuse_local_steps(opt)
     meta = _load_model_and_meta(path, model, opt)
     if meta.get("node_size", 1) > 1 or opt.node_size > 1:
         return _load_shards(path, opt, meta)
     saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
+    _check_local(path, meta, opt)
     if saved_n == n:
         how, sources = "own", [rank]
     elif meta["momenta_identical"]:
@@ -112,6 +132,8 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
                  momenta_identical=meta["momenta_identical"] if how == "own" else True)
     if stats is not None:
         extra["stats"] = stats
+    if opt.local is not None:
+        extra["local"] = _read_local(path, opt, meta["local"])
     opt.load_state_dict({"state": {int(i): {"exp_avg": m} for i, m in momenta.items()},
                          "param_groups": _groups(meta), "lioncub": extra})
     if how != "own":
@@ -139,6 +161,47 @@ def _load_model_and_meta(path: str, model, opt) -> dict:
         raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
                          f"{shapes}: build the model and the optimizer as for the saved run")
     return meta
+
+
+def _check_local(path: str, meta: dict, opt) -> None:
+    saved = meta.get("local")
+    if (saved is None) != (opt.local is None):
+        raise ValueError(f"{path}: saved with local_steps={saved and saved['local_steps']}; this optimizer has "
+                         f"local_steps={opt.local_steps}: resume with the same options")
+    if saved is None:
+        return
+    if saved["buckets"] != [b.n for b in opt.engine.buckets]:
+        raise ValueError(f"{path}: its local-step state is in buckets of {saved['buckets']} elements, this optimizer's "
+                         f"are {[b.n for b in opt.engine.buckets]}: build it with the saved run's bucket_mb")
+    if meta["world_size"] != opt.world_size:
+        raise ValueError(f"{path}: saved by {meta['world_size']} ranks with local steps; this optimizer has "
+                         f"{opt.world_size}: each rank's residuals (and parameters between outer steps) are its own, "
+                         f"so it resumes on the same world size only")
+
+
+@torch.no_grad()
+def _read_local(path: str, opt, saved: dict) -> dict:
+    """This rank's local-step state (opt.local.state_dict()'s form); its own parameters, if saved, go straight
+    into the optimizer's parameters (the model was loaded with one rank's)."""
+    buckets, params = opt.engine.buckets, _params(opt)
+    flat = {str(k): torch.empty(b.n, dtype=torch.float32, device=b.p.device) for k, b in enumerate(buckets)}
+    shared = {name: {k: torch.empty_like(t) for k, t in flat.items()} for name in ("anchor", "velocity") if saved[name]}
+    mine = {"local_counts": ""}
+    if saved["residual"]:
+        mine["residual"] = {k: torch.empty_like(t) for k, t in flat.items()}
+    if saved["own_params"]:
+        mine["params"] = {str(i): torch.empty_like(p) for i, p in enumerate(params)}
+    part = {"lioncub": {"local": shared}, f"rank{opt.rank}": mine} if shared else {f"rank{opt.rank}": mine}
+    _dcp(dcp.load, part, path, opt)
+    for i, t in mine.get("params", {}).items():
+        params[int(i)].copy_(t)
+
+    def listed(d):
+        return None if d is None else [d[str(k)] for k in range(len(buckets))]
+
+    return dict(local_steps=saved["local_steps"], outer=saved["outer"], anchor=listed(shared.get("anchor")),
+                velocity=listed(shared.get("velocity")), residual=listed(mine.get("residual")),
+                **json.loads(mine["local_counts"]))
 
 
 def _read_momenta(path: str, opt, how: str, sources: list) -> tuple[dict, dict | None]:
@@ -179,6 +242,7 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
         raise ValueError(f"{path}: saved by {saved[0]} ranks in nodes of {saved[1]}; this optimizer has "
                          f"{opt.world_size} in nodes of {opt.node_size}: a hierarchical optimizer's momentum shards "
                          f"resume on the same layout only")
+    _check_local(path, meta, opt)
     buckets = opt.engine.buckets
     part = {f"rank{opt.rank}": {"momentum_shards": {str(k): torch.empty_like(b.m) for k, b in enumerate(buckets)},
                                 "stats": ""}}
@@ -188,6 +252,8 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
     extra = dict(step=meta["step"], world_size=opt.world_size, rank=opt.rank, method=meta["method"],
                  levels=meta["levels"], dense_warmup=meta["dense_warmup"], momenta_identical=meta["momenta_identical"],
                  node_size=opt.node_size, momentum_shards=shards, stats=json.loads(mine["stats"]))
+    if opt.local is not None:
+        extra["local"] = _read_local(path, opt, meta["local"])
     opt.load_state_dict({"state": {}, "param_groups": _groups(meta), "lioncub": extra})
     return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
 

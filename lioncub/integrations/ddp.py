@@ -14,7 +14,9 @@ group from the autograd thread, and the two must never interleave on one communi
 What stays in `.grad` after backward is each rank's own (local, not averaged) gradient, which frameworks
 may clip or log: the update does not depend on it. Lion's update has magnitude lr whatever the gradient's
 norm, and the vote was taken during backward; `torch.nn.utils.clip_grad_norm_` on `.grad` (the Hugging Face
-Trainer's max_grad_norm, accelerate's clip_grad_norm_) changes only what is logged.
+Trainer's max_grad_norm, accelerate's clip_grad_norm_) changes only what is logged. In fp16, after
+lioncub.GradScaler.unscale_, a clip that bites can reach the update (measured: the Trainer's max_grad_norm=1.0
+changed the parameters in tests/integrations/test_framework_fp16.py; a norm that never bites did not).
 """
 
 from __future__ import annotations

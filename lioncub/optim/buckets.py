@@ -21,7 +21,10 @@ import torch
 from lioncub import kernels
 from lioncub.optim.nodes import RowShards
 
-BUCKET_ALIGN_BYTES = 64  # every bucket starts on a cache line: aligned vector access in the kernels
+# Every bucket starts on a multiple of this many elements: where the kernels start their pieces (64, CPU) and
+# tiles (4096, GPU), so a run of adjacent buckets is cut exactly as each bucket is (lioncub.optim.runs). At most
+# 16 KiB of fp32 padding per bucket.
+BUCKET_ALIGN = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
@@ -38,8 +41,9 @@ class Bucket:
     """A contiguous run of whole parameters of one param group, dtype and device. `order` is where its
     gradients come in backward (0: first), relative to its group."""
 
-    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, shards=None):
+    def __init__(self, group_index, params, p, g, m, offsets, order=0.0, shards=None, base=None, start=0):
         self.group_index, self.params, self.order = group_index, params, order
+        self.base, self.start = base, start  # the flat (P, G, M) buffers it is a slice of, from `start` (flat layout)
         self.p, self.g, self.m = p, g, m  # flat views (m: this rank's shard in the node layout)
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
@@ -151,10 +155,9 @@ class BucketSet:
         return groups
 
     def _flatten(self, group_index, params, dtype, device, state) -> list[Bucket]:
-        """Copy `params` into flat buffers (each bucket starting on a 64-byte boundary), make each
+        """Copy `params` into flat buffers (each bucket starting on a multiple of BUCKET_ALIGN), make each
         parameter's .data, .grad and momentum views into them, and cut them into buckets."""
-        align = BUCKET_ALIGN_BYTES // torch.empty(0, dtype=dtype).element_size()
-        G = self.node_size
+        align, G = BUCKET_ALIGN, self.node_size
         # the node layout shards each bucket as FSDP2 does, its parameters in their group's order
         groups = [m[::-1] if G > 1 else m for m in self._cut(params)]
         starts, total, first = [], 0, [0]
@@ -186,7 +189,7 @@ class BucketSet:
                 m = M[m_start : m_start + rows.size]
                 m_start += rows.size
             buckets.append(Bucket(group_index, members, P[start:end], Gr[start:end], m, ends,
-                                  before / len(params), rows))
+                                  before / len(params), rows, (P, Gr, M) if G == 1 else None, start))
         return buckets
 
     # --- gradients ---------------------------------------------------------------------------------------

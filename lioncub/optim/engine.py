@@ -20,13 +20,14 @@ import torch
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.comm.transport import any_rank, used_anywhere
-from lioncub.optim import passes, schedules
+from lioncub.optim import passes, runs, schedules
 from lioncub.optim.buckets import BucketSet
 from lioncub.optim.layout import make_layout
 from lioncub.optim.overlap import Overlap
 from lioncub.optim.passes import ExchangePass, LossScale
 from lioncub.optim.phase import Phase
 from lioncub.optim.sharded import ShardedBucketSet, ShardedLayout
+from lioncub.optim.skips import DeviceSkips
 from lioncub.optim.stats import CommStats
 
 log = logging.getLogger("lioncub")
@@ -49,6 +50,8 @@ class Engine:
         self.schedule = schedules.resolve(momentum_sync)
         guard = 0 if spec.dense else self.schedule.start_steps([g["betas"] for g in param_groups])
         self.phase = Phase(spec, dense_warmup, guard)
+        self._run_bytes = int(wire.STEP_RUN_MB * 2**20) if bucket_mb is None else 0  # chosen buckets stay
+        self._runs: tuple[int, list | None] | None = None  # (buckets planned, the step's units or None)
         if bucket_mb is None:
             bucket_mb = wire.auto_bucket_mb(sum(p.numel() * p.element_size() for g in param_groups
                                                 for p in g["params"] if p.requires_grad))
@@ -56,6 +59,7 @@ class Engine:
         self.buckets = (ShardedBucketSet(param_groups, state, sharding) if sharding is not None else
                         BucketSet(param_groups, state, int(bucket_mb * 2**20), self.layout.node_size))
         self.stats = CommStats()
+        self.skips = DeviceSkips()  # steps whose skip was decided on the device (world size 1)
         self.steps = 0  # steps taken (skipped ones included)
         self.momenta_identical = True
         self.pending: ExchangePass | None = None
@@ -102,6 +106,26 @@ class Engine:
             levels = self.levels if method is self.spec else 0
             x = self._exchanges[key] = self.layout.exchange(method, self.buckets[k], levels, self.wire_dtype)
         return x
+
+    def step_units(self, method) -> tuple[list, list]:
+        """(units, their exchanges) for a step that communicates in step(), where nothing overlaps: runs of
+        adjacent automatic buckets (lioncub.optim.runs, flat layout only), else the BucketSet itself."""
+        n = len(self.buckets)
+        if self._runs is None or self._runs[0] != n:
+            plan = runs.plan(self.buckets.buckets, self._run_bytes) if self._run_bytes else None
+            self._runs = (n, None if plan is None or len(plan) == n else
+                          [self.buckets[m[0]] if len(m) == 1 else runs.Run(self.buckets, m) for m in plan])
+        units = self._runs[1]
+        if units is None:
+            return self.buckets, [self.exchange_of(k, method) for k in range(n)]
+        xs = []
+        for k, unit in enumerate(units):
+            key = (method.name, "run", k)
+            if key not in self._exchanges:
+                levels = self.levels if method is self.spec else 0
+                self._exchanges[key] = self.layout.exchange(method, unit, levels, self.wire_dtype)
+            xs.append(self._exchanges[key])
+        return units, xs
 
     def scratch(self, b) -> torch.Tensor:
         """A buffer as large as bucket b's gradient (the largest of its dtype and device), for the unscaled copy."""

@@ -23,6 +23,7 @@ class FlatLayout:
     """Every rank holds whole buckets and votes."""
 
     node_size = 1
+    nodes = None  # the node layout's process groups (lioncub.optim.nodes.Nodes)
 
     def __init__(self, group=None):
         self.group = group
@@ -64,11 +65,12 @@ class FlatLayout:
         """The momentum of bucket b's parameter i that this rank holds."""
         return b.m[b.offsets[i] : b.offsets[i + 1]]
 
-    def dense_step(self, buckets) -> list:
-        """Lion on gradients averaged over every rank (identical everywhere); returns its collectives."""
+    def dense_step(self, buckets, skip=None) -> list:
+        """Lion on gradients averaged over every rank (identical everywhere); returns its collectives. `skip`:
+        kernels.nonfinite_flag's device flag (world size 1)."""
         for b in buckets:
             h = buckets.hyper(b)
-            kernels.lion_step(b.p, b.g, b.m, lr=h.lr, wd=h.wd, beta1=h.beta1, beta2=h.beta2)
+            kernels.lion_step(b.p, b.g, b.m, lr=h.lr, wd=h.wd, beta1=h.beta1, beta2=h.beta2, skip=skip)
         return []
 
     def sync_momentum(self, buckets) -> list:

@@ -15,6 +15,10 @@ avoid). Since inner steps only ever apply finite updates, the pseudo-gradients a
 (parameters changed from outside), every rank skips the outer step and restarts from the unchanged anchor
 (`outer_skips`), its residual and outer momentum as they were.
 
+In the node layout (hierarchical=True) each node is one replica: its G ranks step together on the node's mean
+gradient (an fp32 all-reduce inside the node), and local rank 0 of every node votes for it across the nodes and
+broadcasts the agreed G inside its node (lioncub.optim.outer's exchange on the leaders' cross group).
+
 The anchor is the parameters at the first step (after broadcast_parameters), then each outer step's result.
 state_dict() holds the anchor, the residuals, the outer momentum and the counters, so a resume anywhere in
 the interval reproduces the uninterrupted run bit for bit.
@@ -26,7 +30,10 @@ import logging
 import numbers
 
 import torch
+import torch.distributed as dist
 
+from lioncub.comm import transport, wire
+from lioncub.comm.transport import allreduce_mean_
 from lioncub.optim import steps
 from lioncub.optim.outer import OuterExchange, outer_update, parse_outer
 from lioncub.optim.stats import Clock
@@ -34,7 +41,7 @@ from lioncub.optim.stats import Clock
 log = logging.getLogger("lioncub")
 
 
-def check_options(local_steps, outer, *, dense_warmup: int, momentum_sync, hierarchical: bool, sharded: bool):
+def check_options(local_steps, outer, *, dense_warmup: int, momentum_sync, sharded: bool):
     """Validate LionCub's local-step options; (H or None, the Outer or None). One-line errors."""
     if local_steps is None:
         if outer is not None:
@@ -46,8 +53,6 @@ def check_options(local_steps, outer, *, dense_warmup: int, momentum_sync, hiera
         raise ValueError("local_steps does not combine with dense_warmup yet")
     if momentum_sync is not None:
         raise ValueError("local_steps does not combine with momentum_sync (the inner momenta stay each rank's own)")
-    if hierarchical:
-        raise ValueError("local_steps with hierarchical=True is not supported yet (run the flat layout)")
     if sharded:
         raise ValueError("local_steps with FSDP2-sharded parameters is not supported yet")
     return int(local_steps), parse_outer("avg" if outer is None else outer)
@@ -58,7 +63,11 @@ class LocalSteps:
 
     def __init__(self, engine, local_steps: int, outer, error_feedback: bool = True):
         self.engine, self.H, self.outer = engine, local_steps, outer
-        self.exchange = OuterExchange(engine, error_feedback)
+        self.nodes = engine.layout.nodes  # the node layout's groups (hierarchical=True), or None
+        if self.nodes is None:
+            self.exchange = OuterExchange(engine, error_feedback)
+        else:  # local rank 0 of every node votes for its node (its cross group is theirs)
+            self.exchange = OuterExchange(engine, error_feedback, self.nodes.cross, self.nodes.count)
         self.anchor = None  # fp32 copies of the buckets' parameters at the last outer step
         self.velocity = None
         self.local_skips = self.outer_steps = self.outer_skips = 0
@@ -84,24 +93,55 @@ class LocalSteps:
             self.take_anchor()
         clock = Clock(timing and e.buckets.is_cuda)
         t0 = clock()
+        collectives = self.node_mean() if self.nodes is not None else []
         if e.skip_nonfinite and not e.buckets.all_finite():
             self.local_skips += 1
             e.stats.skipped_steps += 1
             log.warning("LionCub: rank %d skipped its local step %d (non-finite gradient)", e.rank, e.steps)
         else:
             with steps.keep(e, frozenset(e.buckets.unused)):
-                e.layout.dense_step(e.buckets)
+                collectives += e.layout.dense_step(e.buckets)
             e.momenta_identical = e.world_size == 1
         t1 = clock()
-        collectives = self.outer_step() if e.steps % self.H == 0 else []
+        if e.steps % self.H == 0:
+            collectives += self.outer_step()
         comm = clock() - t1
         steps.record(e, collectives, comm_s=comm, apply_s=t1 - t0, exposed_s=comm)
         e.buckets.end_step()
 
+    def node_mean(self) -> list:
+        """The node layout: every rank of a node takes its inner step on the node's mean gradient (an fp32
+        all-reduce inside the node), so the node's ranks stay identical and it votes as one."""
+        out = []
+        for b in self.engine.buckets:
+            allreduce_mean_(b.g, self.nodes.intra, torch.float32)
+            out.append(wire.Collective("allreduce", b.n * 4, "float32", "node"))
+        return out
+
+    def agree(self) -> tuple[list | None, list]:
+        """G and the collectives; in the node layout local rank 0 of each node votes for it across the nodes
+        and broadcasts G (or that the outer step is skipped) inside its node."""
+        if self.nodes is None:
+            return self.exchange.agree(self.anchor)
+        e, leader = self.engine, self.nodes.local == 0
+        G, collectives = self.exchange.agree(self.anchor) if leader else (None, [])
+        collectives = [wire.Collective(c.op, c.nbytes, c.dtype, "cross") for c in collectives]
+        src = dist.get_global_rank(self.nodes.intra, 0)
+        voted = torch.tensor([int(G is not None)], dtype=torch.int32, device=e.buckets.device)
+        transport.call("broadcast (outer voted)", dist.broadcast, voted, src=src, group=self.nodes.intra)
+        collectives.append(wire.Collective("broadcast", 4, "int32", "node"))
+        if not int(voted):
+            return None, collectives
+        G = G if leader else self.exchange.received()
+        for t in G:
+            transport.call("broadcast (outer update)", dist.broadcast, t, src=src, group=self.nodes.intra)
+            collectives.append(wire.Collective("broadcast", t.numel() * 4, "float32", "node"))
+        return G, collectives
+
     def outer_step(self) -> list:
         """Agree G, move the anchor, restart every replica from it; returns the collectives."""
         e = self.engine
-        G, collectives = self.exchange.agree(self.anchor)
+        G, collectives = self.agree()
         if G is None:
             self.outer_skips += 1
             if e.rank == 0:

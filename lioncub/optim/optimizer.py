@@ -69,7 +69,10 @@ class LionCub(torch.optim.Optimizer):
             then momentum syncs where the ranks agree little, within the method's bytes again.
         process_group: the data-parallel group (default: the world, or none if not initialised).
         bucket_mb: parameters are flattened into buckets of about this many MiB; one set of collectives
-            per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.comm.wire.auto_bucket_mb).
+            per bucket. None (default): about 8 buckets of 1-25 MiB (lioncub.comm.wire.auto_bucket_mb) for the
+            overlap; a step that communicates in step() (overlap=False, or gradients set without a backward)
+            exchanges adjacent ones as one, up to 64 MiB (lioncub.optim.runs: the same result; the dense
+            method's sums to rounding).
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
             stats.skipped_steps).
@@ -109,8 +112,7 @@ class LionCub(torch.optim.Optimizer):
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay))
         sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
         self._local_args = local.check_options(local_steps, outer, dense_warmup=dense_warmup,
-                                               momentum_sync=momentum_sync, hierarchical=hierarchical,
-                                               sharded=sharded) + (bool(error_feedback),)
+                                               momentum_sync=momentum_sync, sharded=sharded) + (bool(error_feedback),)
         overlap = overlap and local_steps is None  # local steps communicate in step() only
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)
@@ -168,6 +170,9 @@ class LionCub(torch.optim.Optimizer):
 
     @property
     def stats(self) -> CommStats:
+        """Alone on a GPU a skipped step counts once its device flag is back (lioncub.optim.skips): at the next
+        step, or here after the device was synchronised."""
+        steps.settle(self.engine)
         return self.engine.stats
 
     @stats.setter

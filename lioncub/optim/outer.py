@@ -89,10 +89,13 @@ def local_value(codec, e: torch.Tensor, scale: torch.Tensor, mult, offsets: list
 
 
 class OuterExchange:
-    """The buffers and collectives of the outer step, per bucket of the engine."""
+    """The buffers and collectives of the outer step, per bucket of the engine, among `voters` ranks of `group`
+    (default: the engine's; the node layout: one rank per node, lioncub.optim.local)."""
 
-    def __init__(self, engine, error_feedback: bool):
+    def __init__(self, engine, error_feedback: bool, group=None, voters: int | None = None):
         self.engine, self.spec = engine, engine.spec
+        self.group = engine.group if voters is None else group
+        self.voters = engine.world_size if voters is None else voters
         self.error_feedback = error_feedback and not self.spec.dense
         buckets = engine.buckets
         for b in buckets:
@@ -104,10 +107,14 @@ class OuterExchange:
         self.update = [torch.zeros(b.n, **kw) for b, kw in zip(buckets, f32)] if not self.spec.dense else None
         self.xs = None  # built on the first outer step, for the engine's process group then
 
+    def received(self) -> list:
+        """The buffers that receive an agreed G voted by another rank (lioncub.optim.local's node layout)."""
+        return self.delta if self.spec.dense else self.update
+
     def _exchanges(self):
         e = self.engine
         if self.xs is None:
-            self.xs = [self.spec.exchange(b.n, b.p.device, e.group, levels=e.levels, grad_wire_dtype="float32",
+            self.xs = [self.spec.exchange(b.n, b.p.device, self.group, levels=e.levels, grad_wire_dtype="float32",
                                           grads=d) for b, d in zip(e.buckets, self.delta)]
         return self.xs
 
@@ -122,8 +129,7 @@ class OuterExchange:
         """The agreed outer gradient G of every bucket (None if some rank's pseudo-gradient is not finite:
         the outer step is skipped everywhere), and the collectives it took."""
         self.pseudo_gradients(anchors)
-        e = self.engine
-        if e.world_size == 1:
+        if self.voters == 1:
             return (self.delta if all(torch.isfinite(d).all() for d in self.delta) else None), []
         if self.spec.dense:
             return self._dense()
@@ -132,7 +138,7 @@ class OuterExchange:
     def _dense(self):
         xs, e = self._exchanges(), self.engine
         ok = all(bool(torch.isfinite(d).all()) for d in self.delta)
-        bad = transport.any_rank(not ok, e.group, e.buckets.device, "outer non-finite")
+        bad = transport.any_rank(not ok, self.group, e.buckets.device, "outer non-finite")
         collectives = [wire.Collective("allreduce", 4, "int32")]
         if bad:
             return None, collectives
@@ -144,15 +150,14 @@ class OuterExchange:
     def _scales(self, mine: list, ok: bool):
         """All-gather [non-finite flag, this rank's scales]; (ranks with a non-finite pseudo-gradient, the
         agreed scales per bucket), summed in rank order on every rank alike."""
-        e = self.engine
         msg = torch.cat([torch.tensor([0.0 if ok else 1.0], dtype=torch.float64, device=mine[0].device), *mine])
-        rows = torch.empty(e.world_size * msg.numel(), dtype=torch.float64, device=msg.device)
-        transport.call("all_gather_into_tensor (outer scales)", transport.all_gather, rows, msg, group=e.group)
-        rows = rows.view(e.world_size, -1)
+        rows = torch.empty(self.voters * msg.numel(), dtype=torch.float64, device=msg.device)
+        transport.call("all_gather_into_tensor (outer scales)", transport.all_gather, rows, msg, group=self.group)
+        rows = rows.view(self.voters, -1)
         total = rows[0].clone()
         for r in rows[1:]:
             total += r
-        total[1:] /= e.world_size
+        total[1:] /= self.voters
         out, at = [], 1
         for m in mine:
             out.append(total[at : at + m.numel()])

@@ -46,6 +46,7 @@ class ShardedBucket:
         self.shards, self.local, self.m = shards, local, m
         self.n = self.shard = shards.size
         self.p = None  # (no flat copy of the parameters: FSDP's shards are updated in place)
+        self.base = None  # (nor one buffer of all units: lioncub.optim.runs leaves them alone)
         self.g: torch.Tensor | None = None
         self.offsets = [shards.where(i, local)[0] for i in range(len(params))] + [shards.size]
 
@@ -227,11 +228,11 @@ class ShardedLayout(ShardLayout):
         x.apply(piece, code, lr=h.lr, wd=h.wd, momentum=(b.g, b.m, h.beta2) if deferred else None)
         b.scatter(piece)
 
-    def dense_step(self, buckets) -> list:
+    def dense_step(self, buckets, skip=None) -> list:
         for b in buckets:
             h = buckets.hyper(b)
             piece = b.gather(self._piece(b))
-            kernels.lion_step(piece, b.g, b.m, lr=h.lr, wd=h.wd, beta1=h.beta1, beta2=h.beta2)
+            kernels.lion_step(piece, b.g, b.m, lr=h.lr, wd=h.wd, beta1=h.beta1, beta2=h.beta2, skip=skip)
             b.scatter(piece)
         return []
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import torch
+
+from lioncub import methods
+from lioncub.optim.versus import Comparison, compare_components, forecast_of
+
+WINDOW = 64  # steps opt.stats.versus looks back on
 
 
 @dataclass
@@ -40,6 +46,29 @@ class CommStats:
     total_apply_s: float = 0.0
     total_sync_s: float = 0.0
     total_exposed_comm_s: float = 0.0
+    # LionCub(timing=True): (seconds since the previous step() began, codec, exposed communication) of the
+    # latest WINDOW steps, the first step excepted: what `versus` compares with a forecast
+    recent: list = field(default_factory=list, repr=False)
+    _began: float | None = field(default=None, repr=False)
+
+    def tick(self, began: float) -> None:
+        """A timed step that began at `began` (perf_counter) has been recorded."""
+        if self._began is not None:
+            self.recent.append((began - self._began, self.last_quantize_s, self.last_exposed_comm_s))
+            del self.recent[:-WINDOW]
+        self._began = began
+
+    def versus(self, forecast) -> Comparison:
+        """This rank's recent steps beside `forecast` (the lioncub.simulator StepResult of the run): the mean
+        time from one step() to the next, the median codec and exposed communication, the component that differs
+        most, whether the step is inside the forecast's interval, and a remedy when a compressed step is slower
+        than the forecast dense one (lioncub.optim.versus). print() it for the lines."""
+        if not self.recent:
+            raise ValueError("opt.stats.versus needs LionCub(..., timing=True) and two steps or more")
+        timed = self.recent[2:] if len(self.recent) > 4 else self.recent
+        meas = {"step": statistics.fmean(r[0] for r in timed), "codec": statistics.median(r[1] for r in timed),
+                "exposed communication": statistics.median(r[2] for r in timed)}
+        return compare_components(meas, forecast_of(forecast), not methods.get(forecast.method).dense)
 
     def record(self, sent, recv, collectives, quantize, comm, apply, sync, exposed=None, node_sent=0):
         """`exposed`: the communication time the training loop waited for (default: all of comm and sync;
@@ -60,7 +89,7 @@ class CommStats:
         self.total_sync_s += sync
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {k: v for k, v in asdict(self).items() if k not in ("recent", "_began")}
 
 
 class Clock:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 
 import torch
 
+from lioncub import kernels
 from lioncub.comm import wire
 from lioncub.comm.transport import agree_control
 from lioncub.optim.passes import nonfinite_flag
@@ -27,6 +29,8 @@ log = logging.getLogger("lioncub")
 @torch.no_grad()
 def take(engine, timing: bool) -> None:
     """Step engine.steps + 1 on the gradients in the buckets (or a pass that already exchanged them)."""
+    began = time.perf_counter()
+    settle(engine)
     engine.steps += 1
     engine.stats.steps += 1
     engine.buckets.adopt_moved_params()
@@ -47,6 +51,8 @@ def take(engine, timing: bool) -> None:
     else:
         compressed(engine, clock)
     engine.buckets.end_step()
+    if timing:
+        engine.stats.tick(began)
 
 
 @contextlib.contextmanager
@@ -67,12 +73,26 @@ def keep(engine, untouched: frozenset):
 
 
 def local(engine, clock) -> None:
+    """Plain Lion; a non-finite gradient makes the update kernels write nothing, decided on the device
+    (lioncub.optim.skips: on a GPU the count comes back later, without draining the queue)."""
     t0 = clock()
-    if engine.skip_nonfinite and not engine.buckets.all_finite():
-        return skip(engine, "non-finite gradient")
-    with keep(engine, engine.untouched(len(engine.buckets.unused), [])):
-        engine.layout.dense_step(engine.buckets)
+    buckets = engine.buckets
+    flag = kernels.nonfinite_flag([b.g for b in buckets]) if engine.skip_nonfinite and len(buckets) else None
+    with keep(engine, engine.untouched(len(buckets.unused), [])):
+        engine.layout.dense_step(buckets, skip=flag)
     record(engine, (), apply_s=clock() - t0)
+    if flag is not None:
+        engine.skips.add(engine.steps, flag)
+        settle(engine, wait=not buckets.is_cuda)
+
+
+def settle(engine, wait: bool = False) -> None:
+    """Count (and report) the steps skipped on the device whose flags have come back."""
+    for step in engine.skips.settle(wait):
+        engine.stats.skipped_steps += 1
+        if engine.rank == 0:
+            log.warning("LionCub: step %d skipped (non-finite gradient); %d skipped so far", step,
+                        engine.stats.skipped_steps)
 
 
 def dense(engine, clock, done=None) -> None:
@@ -82,8 +102,7 @@ def dense(engine, clock, done=None) -> None:
     else:
         collectives, unused = [], len(engine.buckets.unused)
         if engine.world_size > 1:
-            for k in range(len(engine.buckets)):
-                x = engine.exchange_of(k, engine.phase.dense_method)
+            for x in engine.step_units(engine.phase.dense_method)[1]:  # (runs: a larger sum, in another order)
                 x()
                 collectives += x.collectives
             _, _, unused = agree_control(0, None, engine.group, engine.buckets.device, unused)
@@ -104,14 +123,14 @@ def dense(engine, clock, done=None) -> None:
 
 
 def compressed(engine, clock) -> None:
-    """1. per bucket the pre-pass (the node layout first reduces inside the node); 2. the control message
-    (non-finite count, parameters without a gradient); 3. per bucket encode with the momentum update fused in,
-    exchange, apply."""
+    """Per unit (a bucket, or a run of adjacent buckets: lioncub.optim.runs): 1. the pre-pass (the node layout
+    first reduces inside the node); 2. the control message (non-finite count, parameters without a gradient);
+    3. encode with the momentum update fused in, exchange, apply."""
     buckets, layout = engine.buckets, engine.layout
-    xs = [engine.exchange_of(k, engine.spec) for k in range(len(buckets))]
+    units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
     prepared, finite = [], []
-    for b, x in zip(buckets, xs):
+    for b, x in zip(units, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
@@ -130,7 +149,7 @@ def compressed(engine, clock) -> None:
         return skip(engine, f"{bad} rank(s) saw a non-finite gradient", collectives, seconds["comm"])
     codes = []
     with keep(engine, untouched):
-        for b, x, (g, offsets, mult) in zip(buckets, xs, prepared):
+        for b, x, (g, offsets, mult) in zip(units, xs, prepared):
             h = buckets.hyper(b)
             ta = clock()
             x.pack(g, b.m, mult, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
@@ -144,7 +163,7 @@ def compressed(engine, clock) -> None:
             seconds["apply"] += clock() - tc
             collectives += [c for c in x.collectives if c.op != "reducescatter"]
     finish(engine, clock, xs, codes, collectives, quantize_s=seconds["quantize"], comm_s=seconds["comm"],
-           apply_s=seconds["apply"])
+           apply_s=seconds["apply"], units=units)
 
 
 def apply_pass(engine, clock, done) -> None:
@@ -161,11 +180,14 @@ def apply_pass(engine, clock, done) -> None:
            apply_s=clock() - t0, exposed_s=done.exposed_s)
 
 
-def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s, exposed_s=None) -> None:
-    """After a compressed step: its agreement, the momentum sync if one is due, the statistics."""
+def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s, exposed_s=None,
+           units=None) -> None:
+    """After a compressed step (over `units`, default the buckets): its agreement, the momentum sync if one is
+    due, the statistics."""
     engine.momenta_identical = False
     stats, layout = engine.stats, engine.layout
-    stats.last_agreement = layout.agreement(engine.spec.codec, engine.buckets, xs, codes, engine.levels)
+    units = engine.buckets if units is None else units
+    stats.last_agreement = layout.agreement(engine.spec.codec, units, xs, codes, engine.levels)
     due = engine.schedule.decide(engine.steps, stats.last_agreement, credit_bytes(engine, collectives),
                                  credit_bytes(engine, layout.sync_collectives(engine.buckets)))
     sync_s = 0.0

@@ -3,11 +3,19 @@
 Each notebook runs in a fresh ipykernel of this interpreter (nbclient) with LIONCUB_NB_QUICK=1, the switch
 every notebook reads in its parameters cell to shrink its grids and trainings. A cell that raises fails the
 test, and every notebook must produce at least one PNG image.
+
+Intervals (issue 27): every speedup a notebook prints carries its interval ("8.13x (7.20-8.90x)") and every
+speedup or step curve it draws its shaded band, or the output says "no interval" where the profile has none.
+The run keeps every figure it shows (a hook cell in front of the notebook) and reads them back after the last
+cell; the printed intervals are checked against simulate_step and autotune for the same inputs, recomputed
+here.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -22,6 +30,7 @@ NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
 EXPECTED = {"01_bandwidth_tradeoffs", "02_autotune_then_train", "03_kernels"}
 CELL_TIMEOUT = 300  # seconds per cell; the slowest quick cell (notebook 2's trainings) takes ~20 s here
 KERNEL = "lioncub-notebook-test"
+FORECASTS = {"01_bandwidth_tradeoffs", "02_autotune_then_train"}  # the notebooks that forecast steps
 
 
 def _ids(path: Path) -> str:
@@ -63,17 +72,252 @@ def kernel_env(tmp_path, monkeypatch):
     return tmp_path
 
 
+# Run in front of the notebook: keep every figure plt.show() displays (the inline backend closes them after).
+KEEP_FIGURES = """
+import matplotlib.pyplot as _plt
+from matplotlib._pylab_helpers import Gcf as _Gcf
+
+_kept_figures, _show = [], _plt.show
+
+
+def _keep_and_show(*args, **kwargs):
+    _kept_figures.extend(m.canvas.figure for m in _Gcf.get_all_fig_managers())
+    return _show(*args, **kwargs)
+
+
+_plt.show = _keep_and_show
+"""
+
+# Run after the notebook: what the kept figures drew, and the notebook's inputs, as one JSON line.
+REPORT = """
+import json as _json
+from matplotlib.collections import PolyCollection as _Poly
+from matplotlib.colors import to_hex as _hex
+
+
+def _num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _legends(owner):
+    lg = [owner.get_legend()] if hasattr(owner, "get_legend") else list(owner.legends)
+    return [t.get_text() for g in lg if g is not None for t in g.get_texts()]
+
+
+def _figure(fig):
+    axes = [dict(xlabel=ax.get_xlabel(), ylabel=ax.get_ylabel(), title=ax.get_title(), legend=_legends(ax),
+                 texts=[t.get_text() for t in ax.texts],
+                 lines=[dict(label=ln.get_label(), color=_hex(ln.get_color()), marker=str(ln.get_marker()),
+                             x=[_num(v) for v in ln.get_xdata()], y=[_num(v) for v in ln.get_ydata()])
+                        for ln in ax.lines],
+                 bands=[dict(color=_hex(c.get_facecolor()[0]), xy=c.get_paths()[0].vertices.tolist())
+                        for c in ax.collections if isinstance(c, _Poly) and len(c.get_paths())])
+            for ax in fig.axes]
+    return dict(axes=axes, legend=_legends(fig))
+
+
+_g = globals()
+_p = _g.get("PROFILE")
+print("@@REPORT@@" + _json.dumps(dict(
+    figures=[_figure(f) for f in _kept_figures], profile=_p.to_dict() if _p is not None else None,
+    inputs={k: _g[k] for k in ("FOCUS_RANKS", "FOCUS_GPUS_PER_NODE", "LATENCY", "BANDWIDTHS_GBIT", "FOCUS_MODEL",
+                              "COMPUTE", "STEPS", "MAX_RISK", "RANKS", "RATE") if k in _g},
+    params=_g["spec"].params if "spec" in _g and hasattr(_g["spec"], "params") else None), default=str))
+"""
+
+SPEEDUP = re.compile(r"(?<![\w.-])(\d+\.\d+)x\b")  # a forecast speedup as the notebooks print it: 8.13x
+WITH_INTERVAL = re.compile(r"(?: \(|\n)(\d+\.\d+)-(\d+\.\d+)x\)?")  # what follows it: ' (7.20-8.90x)', '\n7.2-8.9x'
+NO_INTERVAL = "no interval"
+
+
+def _execute(nb, kernel_env) -> tuple[list, dict]:
+    """Execute `nb` with the figure-keeping cells around it; (its cells' outputs, the report), the cells removed."""
+    cells = list(nb.cells)
+    nb.cells = [nbformat.v4.new_code_cell(KEEP_FIGURES)] + cells + [nbformat.v4.new_code_cell(REPORT)]
+    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
+                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    client.execute()  # raises CellExecutionError on the first cell that fails
+    report = next(json.loads(o["text"].split("@@REPORT@@", 1)[1]) for o in nb.cells[-1].outputs
+                  if o.get("output_type") == "stream" and "@@REPORT@@" in o["text"])
+    nb.cells = nb.cells[1:-1]
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])], report
+
+
+def _texts(outputs) -> list[str]:
+    """Every printed line and every markdown output ("Reading: ...") of the notebook."""
+    out = []
+    for o in outputs:
+        if o.get("output_type") == "stream":
+            out += o["text"].splitlines()
+        else:
+            out += [o["data"][k] for k in ("text/markdown", "text/plain") if k in o.get("data", {})]
+    return out
+
+
+def _bare_speedups(text: str) -> list[str]:
+    """The speedups in `text` printed without their interval (the baseline's own 1.00x needs none)."""
+    bare = []
+    for m in SPEEDUP.finditer(text):
+        rest = text[m.end():]
+        if rest.startswith(" (the baseline"):
+            continue
+        w = WITH_INTERVAL.match(rest)
+        if w is None:
+            bare.append(m[0])
+        else:
+            assert float(w[1]) <= float(m[1]) <= float(w[2]), f"{m[0]} outside its own interval in: {text[:300]}"
+    return bare
+
+
+def check_intervals(outputs, report, name: str) -> int:
+    """Every speedup printed or drawn carries its interval, or its output says there is none; with a profile
+    that has one, none is missing. Returns the number of speedup and step curves checked."""
+    has = bool((report["profile"] or {}).get("forecast_error"))
+    for text in _texts(outputs):
+        bare = _bare_speedups(text)
+        if has:
+            assert not bare and NO_INTERVAL not in text, f"{name}: speedups {bare} without their interval: {text[:400]}"
+        else:
+            assert not bare or NO_INTERVAL in text, f"{name}: speedups {bare} without an interval or a word why: " \
+                                                    f"{text[:400]}"
+    curves = 0
+    for i, fig in enumerate(report["figures"]):
+        legend = fig["legend"] + [t for ax in fig["axes"] for t in ax["legend"]]
+        says_none = any(NO_INTERVAL in t for t in legend)
+        assert not (has and says_none), f"{name}, figure {i}: says 'no interval' though the profile has one"
+        shared = next((ax["ylabel"] for ax in fig["axes"] if ax["ylabel"]), "")  # sharey: the first one's label
+        for ax in fig["axes"]:
+            for t in ax["texts"]:
+                assert not _bare_speedups(t) or says_none, f"{name}, figure {i}: label {t!r} without its interval"
+            ylabel = (ax["ylabel"] or shared).lower()
+            if "speedup" not in ylabel and "step time" not in ylabel:
+                continue
+            for ln in ax["lines"]:
+                if ln["marker"] != "o" or len(ln["x"]) < 2 or ln["label"].startswith("_"):
+                    continue  # not a curve of forecasts: a reference line, a legend handle
+                if "speedup" in ylabel and all(y == 1.0 for y in ln["y"]):
+                    continue  # the baseline's own configuration: its speedup over itself is 1, with no interval
+                curves += 1
+                band = _band_of(ax, ln)
+                assert band or (not has and says_none), \
+                    f"{name}, figure {i} ({ax['title']}): curve {ln['label']!r} has no band" + \
+                    ("" if has else " and the legend does not say 'no interval'")
+    return curves
+
+
+def _band_of(ax: dict, line: dict) -> list | None:
+    """The shaded band of `line` (a fill_between of its colour covering every point): [(x, low, high)]."""
+    for b in ax["bands"]:
+        if b["color"] != line["color"]:
+            continue
+        spans = []
+        for x, y in zip(line["x"], line["y"]):
+            ys = [v for u, v in b["xy"] if math.isclose(u, x, rel_tol=1e-9)]
+            if not ys or not (min(ys) <= y <= max(ys)) or min(ys) == max(ys):
+                break
+            spans.append((x, min(ys), max(ys)))
+        else:
+            return spans
+    return None
+
+
+def ratio_band(x: float, error) -> tuple[float, float]:
+    """A speedup's interval written out here from docs/SIMULATOR.md, not imported: each of the two forecasts
+    within x (1 + low) .. x (1 + high), their log-widths added in quadrature around the ratio."""
+    half = math.sqrt(2) * (math.log(1 + error[1]) - math.log(1 + error[0])) / 2
+    return x * math.exp(-half), x * math.exp(half)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=_ids)
 def test_notebook_executes_and_plots(path, kernel_env):
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=KERNEL,
-                                     resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
-    client.execute()  # raises CellExecutionError on the first cell that fails
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
+    outputs, report = _execute(nb, kernel_env)
     errors = [o for o in outputs if o.get("output_type") == "error"]
     assert not errors, json.dumps(errors, indent=1)[:2000]
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert images, f"{path.name} drew no plot"
     for o in images:
         assert len(o["data"]["image/png"]) > 1000, "a plot image is suspiciously small"
+    if path.stem not in FORECASTS:
+        return
+    curves = check_intervals(outputs, report, path.name)
+    if path.stem == "01_bandwidth_tradeoffs":
+        assert curves >= 20, f"{path.name}: only {curves} speedup and step curves found; did the plots change?"
+    else:
+        check_autotune_intervals(outputs, report)
+
+
+def check_autotune_intervals(outputs, report):
+    """Notebook 2's recommendation: its speedup and interval as autotune gives them for the notebook's inputs
+    (the host-calibrated profile it printed, the compute it measured), recomputed here."""
+    from lioncub.simulator import BackendProfile, Cluster
+
+    from lioncub.apps import autotune
+
+    err = report["profile"]["forecast_error"]
+    assert err, "notebook 2's host calibration left no forecast_error"
+    inp = report["inputs"]
+    profile = BackendProfile.from_dict(report["profile"])
+    target = Cluster.for_ranks(inp["RANKS"], 1, bandwidth=float(inp["RATE"]), latency=0.0)
+    result = autotune.search(target, report["params"], inp["COMPUTE"], backend=profile, steps=inp["STEPS"],
+                             max_risk=autotune.parse_max_risk(inp["MAX_RISK"]))
+    best, _ = autotune.recommend(result)
+    line = next(t for t in _texts(outputs) if t.startswith("recommended:"))
+    m = re.search(r", (\d+\.\d+)x \((\d+\.\d+)-(\d+\.\d+)x\) the default allreduce step", line)
+    assert m, line
+    lo, hi = ratio_band(best.speedup, err)
+    assert list(m.groups()) == [f"{v:.2f}" for v in (best.speedup, lo, hi)], (line, best)
+    assert any(f"forecast interval {err[0]:+.2%} .. {err[1]:+.2%}" in t for t in _texts(outputs))
+
+
+# Notebook 1's backend with an error band, for the run with intervals: the built-in nccl profile has none, and
+# the test machine's host calibration would be a CPU's. The figures are made up; only the arithmetic is checked.
+TEST_BAND = [-0.1, 0.12]
+BANDED_BACKEND = ('BACKEND = __import__("lioncub.simulator", fromlist=["BackendProfile"]).BackendProfile.from_dict('
+                  f'{{"name": "nccl+test-band", "forecast_error": {TEST_BAND}}}, base="nccl")')
+
+
+@pytest.mark.slow
+def test_bandwidth_notebook_draws_its_intervals(kernel_env):
+    """Notebook 1 with a profile that has a forecast_error: every speedup curve has its band, every printed
+    speedup its interval, and the focus model's headline speedup and band are simulate_step's for its inputs."""
+    from lioncub.simulator import BackendProfile, Cluster, simulate_step
+
+    from lioncub.apps.autotune import model_spec
+    from lioncub.comm.wire import auto_bucket_mb
+
+    path = NOTEBOOK_DIR / "01_bandwidth_tradeoffs.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    params = next(c for c in nb.cells if c.cell_type == "code")
+    assert 'BACKEND = "nccl"' in params.source, "the parameters cell no longer sets BACKEND = \"nccl\""
+    params.source = params.source.replace('BACKEND = "nccl"', BANDED_BACKEND)
+    outputs, report = _execute(nb, kernel_env)
+    assert report["profile"]["forecast_error"] == TEST_BAND
+    assert check_intervals(outputs, report, path.name) >= 20
+
+    inp = report["inputs"]
+    model, ranks, bw = inp["FOCUS_MODEL"], inp["FOCUS_RANKS"], inp["BANDWIDTHS_GBIT"][0]
+    reading = next(t for t in _texts(outputs) if "compression pays" in t)
+    m = re.search(re.escape(model) + r": compression pays [^;]*?\((\S+) (\d+\.\d+)x \((\d+\.\d+)-(\d+\.\d+)x\) at",
+                  reading)
+    assert m, reading
+    method = m[1]
+    spec = model_spec(model)
+    profile = BackendProfile.from_dict({"forecast_error": TEST_BAND}, base="nccl")
+    cluster = Cluster.for_ranks(ranks, min(inp["FOCUS_GPUS_PER_NODE"], ranks), bandwidth=bw * 1e9,
+                                latency=inp["LATENCY"])
+    r = simulate_step(cluster, method, spec.params, bucket_mb=auto_bucket_mb(4 * spec.params),
+                      compute_seconds=spec.compute_seconds, backend=profile)
+    lo, hi = ratio_band(r.speedup, TEST_BAND)
+    assert r.speedup_interval == pytest.approx((lo, hi), rel=1e-9)
+    assert list(m.groups()[1:]) == [f"{v:.2f}" for v in (r.speedup, lo, hi)], (reading, r)
+    # and the band drawn around that curve, at that bandwidth, is the same interval
+    fig = report["figures"][0]
+    ax = next(a for a in fig["axes"] if a["title"].startswith(model))
+    line = next(ln for ln in ax["lines"] if ln["label"] == method)
+    band = _band_of(ax, line)
+    assert band and band[0][0] == bw and band[0][1:] == pytest.approx((lo, hi), rel=1e-9), band

@@ -31,10 +31,12 @@ def grads(rank: int, step: int, bad=None):
     return gs
 
 
-def make(method, H, outer, error_feedback=True):
+def make(method, H, outer, error_feedback=True, node_size=None):
+    """node_size: the node layout (hierarchical=True) with nodes of that many ranks."""
     params = [torch.nn.Parameter(t.clone()) for t in initial()]
     opt = LionCub(params, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=BUCKET_MB,
-                  local_steps=H, outer=outer, error_feedback=error_feedback)
+                  local_steps=H, outer=outer, error_feedback=error_feedback, hierarchical=node_size is not None,
+                  node_size=node_size)
     return params, opt
 
 
@@ -48,7 +50,8 @@ def run(params, opt, rank, first, last, bad=None, nan_at=None):
         if nan_at is not None and (rank, step) == tuple(nan_at):
             params[0].data[0, 0] = float("nan")  # from outside the optimizer: the pseudo-gradient is not finite
         opt.step()
-        out.append(dict(params=[p.detach().clone() for p in params], bytes=opt.stats.last_bytes_sent))
+        out.append(dict(params=[p.detach().clone() for p in params], bytes=opt.stats.last_bytes_sent,
+                        node_bytes=opt.stats.last_node_bytes_sent))
     return out
 
 
@@ -70,6 +73,14 @@ def scenario(rank, world_size, method, H, outer, steps, bad=None, nan_at=None, e
     return dict(records=recs, residual=residuals_by_param(opt, params), local_skips=opt.local.local_skips,
                 outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips,
                 levels=opt.levels, momentum=[opt.state[p]["exp_avg"].clone() for p in params])
+
+
+def node_scenario(rank, world_size, method, H, outer, steps, node_size, bad=None):
+    """scenario() in the node layout (its momenta are shards: not reported)."""
+    params, opt = make(method, H, outer, node_size=node_size)
+    recs = run(params, opt, rank, 1, steps, bad)
+    return dict(records=recs, residual=residuals_by_param(opt, params), local_skips=opt.local.local_skips,
+                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips)
 
 
 def resume_case(rank, world_size, method, H, outer, steps, cut):
@@ -152,8 +163,17 @@ def agreed(kind, es, levels):
     return G, res
 
 
-def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True):
-    """Every rank's parameters after each step, and the final residuals. outer = (kind, lr, momentum)."""
+def node_gradients(node: int, G: int, step: int, bad=None):
+    """The gradients a node's ranks step on: the rank's own (G = 1), or the mean of the node's G ranks'."""
+    if G == 1:
+        return grads(node, step, bad)
+    gs = [grads(node * G + j, step, bad) for j in range(G)]
+    return [sum(g[t] for g in gs) / G for t in range(len(SHAPES))]
+
+
+def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True, G=1):
+    """Every rank's parameters after each step, and the final residuals. outer = (kind, lr, momentum). G > 1:
+    nodes of G ranks step together on their mean gradient and vote as one (local rank 0 holds the residual)."""
     okind, olr, mu = outer
     p = [[t.clone() for t in initial()] for _ in range(N)]
     m = [[torch.zeros_like(t) for t in initial()] for _ in range(N)]
@@ -162,19 +182,23 @@ def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True):
     r = [[torch.zeros_like(t) for t in anchor] for _ in range(N)]
     history = []
     for step in range(1, steps + 1):
-        for i in range(N):
-            gs = grads(i, step, bad)
+        for node in range(N // G):
+            gs, i = node_gradients(node, G, step, bad), node * G
             if all(torch.isfinite(g).all() for g in gs):
                 p[i], m[i] = map(list, zip(*[lion(x, y, g) for x, y, g in zip(p[i], m[i], gs)]))
+                for j in range(i + 1, i + G):
+                    p[j], m[j] = list(p[i]), list(m[i])
         if step % H == 0:
+            voters = range(0, N, G)
             es = [[a - x + (rr if error_feedback and kind != "dense" else 0) for a, x, rr in zip(anchor, p[i], r[i])]
-                  for i in range(N)]
-            G, res = agreed(kind, es, levels)
+                  for i in voters]
+            G_, res = agreed(kind, es, levels)
             if error_feedback and kind != "dense":
-                r = res
+                for i, rr in zip(voters, res):
+                    r[i] = rr
             for t in range(len(anchor)):
-                v[t] = v[t] * mu + G[t]
-                d = v[t] if okind == "avg" else G[t] + mu * v[t]
+                v[t] = v[t] * mu + G_[t]
+                d = v[t] if okind == "avg" else G_[t] + mu * v[t]
                 anchor[t] = anchor[t] - (olr * H * LR * torch.sign(d) if okind == "sign" else olr * d)
             p = [[a.clone() for a in anchor] for _ in range(N)]
         history.append([[x.clone() for x in p[i]] for i in range(N)])
@@ -187,3 +211,35 @@ KINDS = {"allreduce": "dense", "vote-1bit": "sign", "vote-pbit": "sign", "vote-a
 
 def levels_for(method, N):
     return default_levels(N) if method == "l1-pbit" else 0
+
+
+def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None, node_size=None):
+    """Uninterrupted vs lioncub.checkpoint.save after `cut` steps and load into a fresh model and optimizer:
+    the parameters after every later step, and at the end the momenta, residuals, anchor, outer momentum and
+    counters, bit for bit."""
+    from lioncub.integrations import checkpoint
+
+    def state(params, opt):
+        sd = opt.local.state_dict()
+        flat = (lambda ts: None if ts is None else torch.cat([t.reshape(-1) for t in ts]))
+        return dict(momenta=flat([b.m for b in opt.engine.buckets]), residual=flat(sd["residual"]),
+                    anchor=flat(sd["anchor"]), velocity=flat(sd["velocity"]),
+                    counts=[sd[k] for k in ("local_skips", "outer_steps", "outer_skips")], step=opt.engine.steps)
+
+    params, opt = make(method, H, outer, node_size=node_size)
+    full = run(params, opt, rank, 1, steps, bad)
+    full_state = state(params, opt)
+    params, opt = make(method, H, outer, node_size=node_size)
+    run(params, opt, rank, 1, cut, bad)
+    checkpoint.save(path, torch.nn.ParameterList(params), opt)
+    at_cut = [p.detach().clone() for p in params]
+    params, opt = make(method, H, outer, node_size=node_size)
+    info = checkpoint.load(path, torch.nn.ParameterList(params), opt)
+    loaded_own = all(torch.equal(a, b) for a, b in zip(params, at_cut))
+    resumed = run(params, opt, rank, cut + 1, steps, bad)
+    same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
+    end = state(params, opt)
+    same_state = all(full_state[k] == end[k] if not isinstance(end[k], torch.Tensor) or full_state[k] is None
+                     else torch.equal(full_state[k], end[k]) for k in end)
+    return dict(same=same, same_state=same_state, steps=len(resumed), info=info, loaded_own=loaded_own,
+                at_cut=torch.cat([p.reshape(-1) for p in at_cut]), residual=end["residual"], counts=end["counts"])

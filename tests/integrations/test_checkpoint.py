@@ -4,6 +4,8 @@ were identical, else their average), said in the log, never silently."""
 
 import logging
 
+import local_cases as lc
+import pytest
 import safe_cases
 import torch
 
@@ -53,3 +55,56 @@ def test_load_on_one_process(tmp_path, caplog):
     opt = LionCub(net.parameters(), lr=safe_cases.LR, method="allreduce", bucket_mb=safe_cases.BUCKET_MB)
     assert checkpoint.load(path2, net, opt)["momenta"] == "rank0"
     assert torch.equal(safe_cases.momenta(opt, net), dense[0]["momenta"])
+
+
+@pytest.mark.parametrize("world, method, outer", [(3, "l1-pbit", "nesterov"), (2, "vote-1bit", "sign:0.5:0.9"),
+                                                  (4, "allreduce", "avg")])
+def test_local_steps_resume_bit_exactly_mid_interval_and_at_the_boundary(tmp_path, world, method, outer):
+    """LionCub(local_steps=3), rank 1 skipping its local step 2 alone (an inf): saved after step 4 (mid-interval:
+    the replicas differ, each resumes from its own parameters) and after step 3 (an outer step), loaded into a
+    fresh model and optimizer, run to 7: every later step, the momenta, each rank's own residuals and counters,
+    the anchor and the outer momentum equal the uninterrupted run's."""
+    H, steps = 3, 7
+    for cut in (4, 3):
+        path = str(tmp_path / f"cut{cut}")
+        reports = spawn(lc.dcp_resume_case, world, method, H, outer, steps, cut, path, (1, 2), timeout=180)
+        for rank, r in enumerate(reports):
+            assert r["same"] and r["same_state"] and r["steps"] == steps - cut, (cut, rank)
+            assert r["loaded_own"] and r["info"]["momenta"] == "own" and r["info"]["step"] == cut, (cut, rank)
+            assert r["counts"][0] == (1 if rank == 1 else 0)  # local skips: rank 1's alone
+        apart = not torch.equal(reports[0]["at_cut"], reports[1]["at_cut"])
+        assert apart == (cut % H != 0), cut  # mid-interval the replicas differ; after an outer step they agree
+        if method != "allreduce":  # each rank's residual is its own (the dense outer step keeps none)
+            assert not torch.equal(reports[0]["residual"], reports[1]["residual"]), cut
+        else:
+            assert reports[0]["residual"] is None
+
+
+def test_local_steps_in_the_node_layout_resume_bit_exactly(tmp_path):
+    """hierarchical=True with local steps: momentum shards, the node leaders' residuals, mid-interval and at the
+    boundary (4 ranks in nodes of 2; rank 1's inf at step 2 makes its node skip that step)."""
+    for cut in (4, 3):
+        path = str(tmp_path / f"cut{cut}")
+        reports = spawn(lc.dcp_resume_case, 4, "vote-1bit", 3, "nesterov", 7, cut, path, (1, 2), 2, timeout=240)
+        for rank, r in enumerate(reports):
+            assert r["same"] and r["same_state"] and r["steps"] == 7 - cut, (cut, rank)
+            assert r["counts"][0] == (1 if rank < 2 else 0)  # the node of ranks 0 and 1 skipped step 2
+        assert torch.equal(reports[0]["at_cut"], reports[1]["at_cut"])  # a node's ranks are one replica
+        assert torch.equal(reports[0]["at_cut"], reports[2]["at_cut"]) == (cut % 3 == 0)
+        assert not torch.equal(reports[0]["residual"], reports[2]["residual"])  # each node leader's own
+
+
+def test_a_local_steps_checkpoint_refuses_another_world_size_or_options(tmp_path):
+    path = str(tmp_path / "ckpt")
+    spawn(lc.dcp_resume_case, 2, "vote-1bit", 3, "avg", 5, 4, path, timeout=120)
+    params, opt = lc.make("vote-1bit", 3, "avg")
+    with pytest.raises(ValueError, match=r"saved by 2 ranks with local steps; this optimizer has 1: .*same world"):
+        checkpoint.load(path, torch.nn.ParameterList(params), opt)
+    params = [torch.nn.Parameter(t.clone()) for t in lc.initial()]
+    plain = LionCub(params, lr=lc.LR, method="vote-1bit", bucket_mb=lc.BUCKET_MB)
+    with pytest.raises(ValueError, match="saved with local_steps=3; this optimizer has local_steps=None"):
+        checkpoint.load(path, torch.nn.ParameterList(params), plain)
+    params = [torch.nn.Parameter(t.clone()) for t in lc.initial()]
+    other = LionCub(params, lr=lc.LR, method="vote-1bit", bucket_mb=1.0, local_steps=3, outer="avg")
+    with pytest.raises(ValueError, match="build it with the saved run's bucket_mb"):
+        checkpoint.load(path, torch.nn.ParameterList(params), other)

@@ -93,16 +93,45 @@ def test_lioncub_train_hsdp_configurations():
     assert vote["final_loss"] < 4.0 and vote["skipped_steps"] == 0
 
 
-def test_lioncub_train_hsdp_resumes_from_its_dcp_checkpoint_exactly(tmp_path):
-    """hsdp+l1-pbit with momentum sync, 6 steps straight against 3 steps, a checkpoint (lioncub.checkpoint: DCP,
-    sharded), and a second run that resumes to 6: the same losses, step by step."""
+def _saved_tensors(path) -> dict:
+    """Every tensor of a DCP checkpoint (model and optimizer state), read in this process with torch's converter."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(path), str(path) + ".pt")
+    out, todo = {}, [("", torch.load(str(path) + ".pt", weights_only=False))]
+    while todo:
+        prefix, d = todo.pop()
+        for k, v in d.items():
+            if isinstance(v, dict):
+                todo.append((f"{prefix}{k}.", v))
+            elif isinstance(v, torch.Tensor):
+                out[prefix + k] = v
+    return out
+
+
+@pytest.mark.parametrize("method", ["hsdp+lion", "hsdp+l1-pbit"])
+def test_lioncub_train_hsdp_resumes_from_its_dcp_checkpoint_exactly(tmp_path, method):
+    """6 steps straight against 3 steps, a checkpoint (DCP, sharded: lioncub.checkpoint for LionCub, torch's
+    sharded state dicts for hsdp+lion's plain Lion) and a second run that resumes to 6: the same losses step by
+    step, and the final checkpoints of both runs hold identical parameters and momenta."""
     from lioncub.apps.train.loop import TrainConfig, train_local
 
-    common = dict(model="char-tiny", method="hsdp+l1-pbit", momentum_sync="every:2", node_size=2, eval_batches=2)
-    full = train_local(TrainConfig(**common, steps=6), 4, progress=False)
+    common = dict(model="char-tiny", method=method, momentum_sync="every:2", node_size=2, eval_batches=2)
+    if method == "hsdp+lion":
+        common.pop("momentum_sync")
+    full = train_local(TrainConfig(**common, steps=6, checkpoint_dir=str(tmp_path / "full")), 4, progress=False)
     part = dict(common, checkpoint_dir=str(tmp_path / "ckpt"))
     train_local(TrainConfig(**part, steps=3), 4, progress=False)
     assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step0000003"]
     resumed = train_local(TrainConfig(**part, steps=6, resume=True), 4, progress=False)
     assert [r["loss"] for r in resumed["records"]] == [r["loss"] for r in full["records"]]
     assert resumed["final_loss"] == full["final_loss"]
+    straight = _saved_tensors(tmp_path / "full" / "step0000006")
+    again = _saved_tensors(tmp_path / "ckpt" / "step0000006")
+    assert sorted(straight) == sorted(again)
+    momenta = "optim.state." if method == "hsdp+lion" else ".momentum_shards."  # (LionCub's are sharded by node)
+    assert any(momenta in k for k in straight) and any(k.startswith("model.") for k in straight)
+    for k in straight:
+        assert torch.equal(straight[k], again[k]), k
+    at3 = _saved_tensors(tmp_path / "ckpt" / "step0000003")
+    assert any(not torch.equal(at3[k], straight[k]) for k in straight if k.startswith("model."))  # it trained on

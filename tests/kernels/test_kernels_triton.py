@@ -23,7 +23,7 @@ import pytest
 import torch
 from lioncub.kernels import reference as ref
 
-from lioncub import methods
+from lioncub import kernels, methods
 
 
 def codec(method):
@@ -183,6 +183,27 @@ def test_lion_step_matches_twin_and_first_principles(T, tiles, dtype, n):
     want = torch.from_numpy((decayed - np.float32(LR) * np.sign(c).astype(np.float32)).astype(np.float32))
     assert torch.equal(p1.cpu(), want.to(dtype))
     assert_within_one_rounding(m1, momentum_exact(g, m), dtype)
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf")])
+def test_lion_step_skips_on_the_device_flag(T, tiles, bad):
+    """kernels.nonfinite_flag decides on the device; lion_step(skip=flag) writes nothing where it is set, and
+    is the plain step where it is not (Triton and twin alike)."""
+    n = 2051
+    g, m = make_gm(n, torch.float32, seed=3)
+    p = torch.randn(n, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    if bad is not None:
+        g[1234] = bad
+    flag = kernels.nonfinite_flag([g[:1000], g[1000:]])
+    assert flag.shape == () and flag.dtype == torch.int32 and int(flag) == (bad is not None)
+    for impl in (T, ref):
+        p1, m1, p2, m2 = p.clone(), m.clone(), p.clone(), m.clone()
+        impl.lion_step(p1, g, m1, lr=LR, wd=WD, beta1=B1, beta2=B2, skip=flag)
+        if bad is not None:
+            assert torch.equal(p1, p) and torch.equal(m1, m)
+        else:
+            impl.lion_step(p2, g, m2, lr=LR, wd=WD, beta1=B1, beta2=B2)
+            assert torch.equal(p1, p2) and torch.equal(m1, m2)
 
 
 def test_lion_step_matches_lion_pytorch(T):

@@ -7,7 +7,6 @@ import local_cases as lc
 import pytest
 import torch
 
-import lioncub
 from lioncub import LionCub
 from lioncub.comm.spawn import spawn
 from lioncub.optim.outer import Outer, parse_outer
@@ -15,10 +14,10 @@ from lioncub.optim.outer import Outer, parse_outer
 N, H, STEPS = 3, 3, 7  # outer steps at 3 and 6, and one local step after
 
 
-def _check_against_oracle(reports, method, outer, steps=STEPS, bad=None, error_feedback=True):
+def _check_against_oracle(reports, method, outer, steps=STEPS, bad=None, error_feedback=True, G=1):
     kind = lc.KINDS[method]
     history, residual = lc.oracle(kind, len(reports), H, (outer.kind, outer.lr, outer.momentum), steps,
-                                  lc.levels_for(method, len(reports)), bad, error_feedback)
+                                  lc.levels_for(method, len(reports) // G), bad, error_feedback, G)
     for rank, rep in enumerate(reports):
         for step, rec in enumerate(rep["records"], start=1):
             for got, want in zip(rec["params"], history[step - 1][rank]):
@@ -32,9 +31,9 @@ def _check_against_oracle(reports, method, outer, steps=STEPS, bad=None, error_f
         first = reports[0]["records"][step - 1]["params"]
         for rep in reports[1:]:
             assert all(torch.equal(a, b) for a, b in zip(first, rep["records"][step - 1]["params"])), step
-    diverged = reports[0]["records"][steps - 1]["params"]  # and apart after a local step
+    diverged = reports[0]["records"][steps - 1]["params"]  # and apart after a local step (the next node's rank)
     if steps % H:
-        assert not all(torch.equal(a, b) for a, b in zip(diverged, reports[1]["records"][steps - 1]["params"]))
+        assert not all(torch.equal(a, b) for a, b in zip(diverged, reports[G]["records"][steps - 1]["params"]))
 
 
 @pytest.mark.parametrize("method,outer", [("allreduce", "nesterov"), ("vote-1bit", "nesterov"),
@@ -92,6 +91,21 @@ def test_one_rank_runs_the_outer_optimizer_on_its_own_pseudo_gradient():
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("method,outer,world", [("vote-1bit", "nesterov", 6), ("l1-pbit", "sign:0.5:0.9", 4),
+                                                ("avg-pbit", "avg", 4)])
+def test_nodes_step_on_their_mean_and_vote_as_one(method, outer, world):
+    """hierarchical=True: the G ranks of a node take every inner step on the node's mean gradient, and local
+    rank 0 of each node votes for it across the nodes at the outer steps (the only bytes that leave a node)."""
+    G, bad = 2, (1, 2)  # rank 1's inf at step 2: its whole node skips that step
+    reports = spawn(lc.node_scenario, world, method, H, outer, STEPS, G, bad, timeout=300)
+    _check_against_oracle(reports, method, parse_outer(outer), bad=bad, G=G)
+    for rank, rep in enumerate(reports):
+        assert rep["local_skips"] == (1 if rank < G else 0)
+        nic = [r["bytes"] - r["node_bytes"] for r in rep["records"]]
+        assert [b > 0 for b in nic] == [rank % G == 0 and step % H == 0 for step in range(1, STEPS + 1)]
+        assert all(r["node_bytes"] > 0 for r in rep["records"])
+
+
 def test_options_are_checked_with_one_line_errors():
     net = torch.nn.Linear(3, 2)
     for bad in (0, -2, 1.5, True):
@@ -103,7 +117,7 @@ def test_options_are_checked_with_one_line_errors():
              (dict(local_steps=4, outer="avg:0"), "LR must be > 0"),
              (dict(local_steps=4, dense_warmup=3), "dense_warmup"),
              (dict(local_steps=4, momentum_sync=5), "momentum_sync"),
-             (dict(local_steps=4, hierarchical=True), "not supported yet")]
+             (dict(local_steps=4, hierarchical=True, node_size=2), "needs torch.distributed initialised")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
             LionCub(net.parameters(), **kwargs)
@@ -114,8 +128,6 @@ def test_options_are_checked_with_one_line_errors():
     assert opt.local.outer == Outer("avg", 1.0, 0.0)  # the default: the measured best (docs/BENCHMARKS.md)
     with pytest.raises(ValueError, match="cannot add param groups"):
         opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(2))]))
-    with pytest.raises(ValueError, match="does not hold local steps"):
-        lioncub.checkpoint.save("unused", net, opt)
     plain = LionCub(torch.nn.Linear(3, 2).parameters(), method="vote-1bit")
     with pytest.raises(ValueError, match="without local_steps"):
         LionCub(torch.nn.Linear(3, 2).parameters(), method="vote-1bit", local_steps=2).load_state_dict(

@@ -25,6 +25,9 @@ def _step_arguments(p) -> None:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the methods")
     p.add_argument("--methods", nargs="+", default=None, choices=METHODS)
     p.add_argument("--no-public", action="store_true", help="skip the public majority-vote reference")
+    p.add_argument("--bucket-mb", dest="bucket_mb", type=float, default=None,
+                   help="also run each method with buckets of this many MiB (rows method@<size>MiB), e.g. 64: the "
+                        "default buckets against one large bucket in the same run")
     p.add_argument("--json", action="store_true")
 
 

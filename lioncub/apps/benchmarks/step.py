@@ -78,7 +78,9 @@ def _rank_main(rank, world_size, shapes, methods, steps, rounds, public):
             step = lambda: public_majority_vote_step(params, grads, moms)  # noqa: E731
         else:
             group = local_group if name == "local" else None
-            opt = LionCub(params, lr=1e-4, method="allreduce" if name == "local" else name, process_group=group)
+            method, _, mb = name.partition("@")
+            opt = LionCub(params, lr=1e-4, method="allreduce" if name == "local" else method, process_group=group,
+                          bucket_mb=float(mb.removesuffix("MiB")) if mb else None)
             for p, g in zip(params, grads):
                 p.grad.copy_(g)
             step = opt.step
@@ -134,10 +136,14 @@ def _single_process(shapes, steps):
             "lioncub_unchecked_ms": min(out["lioncub-unchecked"]), "identical": same}
 
 
-def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, public=True) -> dict:
+def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, public=True,
+               bucket_mb: float | None = None) -> dict:
+    """`bucket_mb`: each method also runs with buckets of that size (rows "method@<size>MiB"), side by side."""
     from lioncub.comm.spawn import spawn
 
     methods = list(methods or METHODS)
+    if bucket_mb is not None:
+        methods += [f"{m}@{bucket_mb:g}MiB" for m in methods]
     shapes = transformer_shapes(params)
     n = sum(torch.Size(s).numel() for s in shapes)
     per_rank = spawn(_rank_main, ranks, shapes, methods, steps, rounds, public, timeout=1800)
@@ -153,17 +159,18 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
 
 
 def run(args) -> int:
-    res = bench_step(args.ranks, int(args.params), args.steps, args.rounds, args.methods, not args.no_public)
+    res = bench_step(args.ranks, int(args.params), args.steps, args.rounds, args.methods, not args.no_public,
+                     args.bucket_mb)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(f"{res['ranks']} Gloo ranks over loopback, {res['params'] / 1e6:.2f}M parameters in "
           f"{res['tensors']} tensors (median ms per step, slowest rank)")
-    print(f"{'method':16s} {'ms/step':>9s} {'x local':>8s} {'bytes sent':>12s} {'vs fp32':>8s}")
+    print(f"{'method':22s} {'ms/step':>9s} {'x local':>8s} {'bytes sent':>12s} {'vs fp32':>8s}")
     for r in res["rows"]:
         b = "" if r["bytes_sent"] is None else f"{r['bytes_sent']:,}"
         v = "" if r["bytes_vs_fp32"] is None else f"{100 * r['bytes_vs_fp32']:.1f}%"
-        print(f"{r['method']:16s} {r['ms']:9.1f} {r['x_local']:8.2f} {b:>12s} {v:>8s}")
+        print(f"{r['method']:22s} {r['ms']:9.1f} {r['x_local']:8.2f} {b:>12s} {v:>8s}")
     sp = res["single_process"]
     if sp:
         print(f"world size 1: LionCub {sp['lioncub_ms']:.1f} ms, lion-pytorch {sp['lion_pytorch_ms']:.1f} ms "

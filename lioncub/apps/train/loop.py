@@ -95,11 +95,9 @@ class TrainConfig:
         if self.hierarchical and (not run.compressed or run.wrapper.fsdp):
             raise ValueError("hierarchical applies to the compressed methods without hsdp (which is hierarchical "
                              "by construction)")
-        if run.wrapper.fsdp and (self.ddp_hook or self.local_steps is not None or (self.checkpoint_dir and
-                                                                                   run.plain_lion)):
+        if run.wrapper.fsdp and (self.ddp_hook or self.local_steps is not None):
             raise ValueError(f"{self.method}: " + ("ddp_hook does not apply to hsdp" if self.ddp_hook else
-                             "local steps on a sharded model are not supported yet" if self.local_steps is not None
-                             else "checkpoints of plain Lion on a sharded model are not available yet"))
+                             "local steps on a sharded model are not supported yet"))
         if self.node_size is not None and self.node_size < 1:
             raise ValueError(f"node_size must be >= 1, got {self.node_size}")
 

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from lioncub.comm import wire
 from lioncub.files import write_json
+from lioncub.optim import LionCub
 
 
 def node_size(cfg, world: int) -> int:
@@ -86,13 +87,45 @@ def fsdp_bytes(cfg, model, world: int) -> tuple[int, int]:
     return cross, node
 
 
-def save(directory: str, model, opt, step: int, rank: int, records: list) -> str:
-    """A DCP checkpoint of the sharded model and LionCub (lioncub.checkpoint) in directory/stepNNNNNNN, and rank 0's
-    records beside it, written last: a checkpoint without them is incomplete and never resumed from."""
-    from lioncub.integrations import checkpoint
+def _plain_state(model, opt) -> dict:
+    """hsdp+lion's model and Lion state as DCP wants them: FSDP2's DTensor shards (torch's state_dict helpers)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
+    model_state, opt_state = get_state_dict(model, opt)
+    return {"model": model_state, "optim": opt_state}
+
+
+def _save_state(path: str, model, opt) -> None:
+    if isinstance(opt, LionCub):
+        from lioncub.integrations import checkpoint
+
+        checkpoint.save(path, model, opt)
+    else:  # hsdp+lion: plain Lion on FSDP2's shards, each rank writing its own
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(_plain_state(model, opt), checkpoint_id=path)
+
+
+def _load_state(path: str, model, opt) -> None:
+    if isinstance(opt, LionCub):
+        from lioncub.integrations import checkpoint
+
+        checkpoint.load(path, model, opt)
+        return
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import set_state_dict
+
+    state = _plain_state(model, opt)  # the shards' shapes to load into
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+
+
+def save(directory: str, model, opt, step: int, rank: int, records: list) -> str:
+    """A DCP checkpoint of the sharded model and its optimizer (LionCub: lioncub.checkpoint; hsdp+lion's Lion:
+    torch's sharded state dicts) in directory/stepNNNNNNN, and rank 0's records beside it, written last: a
+    checkpoint without them is incomplete and never resumed from."""
     path = os.path.join(directory, f"step{step:07d}")
-    checkpoint.save(path, model, opt)
+    _save_state(path, model, opt)
     dist.barrier()
     if rank == 0:
         write_json(os.path.join(path, "records.json"), dict(step=step, records=records), indent=None)
@@ -101,13 +134,11 @@ def save(directory: str, model, opt, step: int, rank: int, records: list) -> str
 
 def resume(directory: str, model, opt) -> tuple[int, list]:
     """(step, records) of the newest complete checkpoint that `save` wrote, loaded into model and opt."""
-    from lioncub.integrations import checkpoint
-
     done = sorted(p for p in glob.glob(os.path.join(directory, "step*"))
                   if os.path.isfile(os.path.join(p, "records.json")))
     if not done:
         return 0, []
-    checkpoint.load(done[-1], model, opt)
+    _load_state(done[-1], model, opt)
     with open(os.path.join(done[-1], "records.json")) as f:
         saved = json.load(f)
     return saved["step"], saved["records"]
