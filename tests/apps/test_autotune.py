@@ -207,7 +207,8 @@ def test_schedules_other_than_every_k_cost_their_syncs_over_the_planned_run():
 def test_hierarchical_layout_is_searched_and_picked_where_faster(tmp_path):
     """Each compressed method in the flat, hierarchical and sharded layouts (allreduce flat and sharded: FSDP's
     HSDP); on 8 nodes x 8 at 10 Gbit the hierarchical vote-1bit is faster than flat, the sharded one (no
-    all-gather of the codes, the update on 1/G) faster still and recommended, and the configs carry their keys."""
+    all-gather of the codes, the update on 1/G) faster still, but recommended only where nothing unsharded fits
+    the memory (the verdict names it), and the configs carry their keys."""
     cluster = Cluster.for_ranks(64, gpus_per_node=8, bandwidth="10Gbit", latency="50us")
     res = autotune.search(cluster, 100_000_000, 0.05, methods=["allreduce", "vote-1bit"],
                           momentum_syncs=["none"], bucket_mbs=[25])
@@ -216,9 +217,15 @@ def test_hierarchical_layout_is_searched_and_picked_where_faster(tmp_path):
         ("vote-1bit", "sharded")}
     check_against_simulator(res, cluster, 100_000_000, 0.05)
     rec, verdict = autotune.recommend(res)
-    hier, flat = res.twin(rec, "hierarchical"), res.twin(rec, "flat")
-    assert rec.layout == "sharded" and rec.step_seconds < hier.step_seconds < flat.step_seconds
-    assert "sharded layout" in verdict and "0.125 of an unsharded replica" in verdict
+    sharded, flat = res.twin(rec, "sharded"), res.twin(rec, "flat")
+    assert rec.layout == "hierarchical" and sharded.step_seconds < rec.step_seconds < flat.step_seconds
+    assert f"{rec.step_seconds / sharded.step_seconds:.2f}x faster" in verdict and "when memory requires" in verdict
+    limit = (sharded.memory_bytes_per_rank + flat.memory_bytes_per_rank) / 2  # the sharded layout's alone fit
+    tight = autotune.search(cluster, 100_000_000, 0.05, methods=["allreduce", "vote-1bit"], momentum_syncs=["none"],
+                            bucket_mbs=[25], memory_per_rank=limit)
+    rec, verdict = autotune.recommend(tight)
+    hier = res.twin(rec, "hierarchical")
+    assert rec.layout == "sharded" and rec.method == "vote-1bit" and "0.125 of an unsharded replica" in verdict
     model = autotune.ModelSpec("custom", 100_000_000, 0.05, "given")
     cfg = autotune.build_config(hier, res, model, cluster, "test", get_profile("nccl"), verdict, steps=1000)
     for sec in ("optimizer", "train"):

@@ -156,10 +156,17 @@ class SearchResult:
     collectives_simulated: int
     space: dict
 
+    @property
+    def recommendable(self) -> list[Candidate]:
+        """The ranked configurations autotune recommends from. Sharding asks the user to wrap the model in FSDP2,
+        and the step model leaves out FSDP's own overheads (padding, copies, NVLink contention), so the sharded
+        ones count only where no unsharded configuration fits the memory."""
+        return [c for c in self.ranked if c.layout != "sharded"] or self.ranked
+
     def best_per_method(self) -> list[Candidate]:
-        """The fastest configuration of each method (either layout) within the risk bound."""
+        """The fastest recommendable configuration of each method within the risk bound."""
         seen, out = set(), []
-        for c in self.ranked:
+        for c in self.recommendable:
             if c.method not in seen:
                 seen.add(c.method)
                 out.append(c)
@@ -410,8 +417,9 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
             return None, ("no configuration fits --memory-per-rank: the least memory is "
                           f"{format_size(min(c.memory_bytes_per_rank for c in result.candidates))} per rank")
         return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
-    best = result.ranked[0]
-    ar = next((c for c in result.ranked if c.dense), None)
+    pool = result.recommendable
+    best = pool[0]
+    ar = next((c for c in pool if c.dense), None)
     if result.space.get("ranks") == 1:
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
     elif best.dense:
@@ -447,5 +455,10 @@ def _layout_notes(result: SearchResult, best: Candidate) -> list[str]:
                      f"more than --memory-per-rank")
     if best.layout == "sharded":
         notes.append(f"sharded, each rank holds {best.memory_fraction:.3f} of an unsharded replica's parameters, "
-                     f"gradients and momenta ({format_size(best.memory_bytes_per_rank)})")
+                     f"gradients and momenta ({format_size(best.memory_bytes_per_rank)}): no unsharded "
+                     f"configuration fits --memory-per-rank")
+    elif (top := result.ranked[0]).layout == "sharded" and top.step_seconds < best.step_seconds:
+        notes.append(f"sharded ({top.label()}, the model wrapped in FSDP2: lioncub.attach_fsdp) is forecast "
+                     f"{best.step_seconds / top.step_seconds:.2f}x faster, with {top.memory_fraction:.3f} of the "
+                     f"memory; recommended only when memory requires it (FSDP's own overheads are not modelled)")
     return notes
