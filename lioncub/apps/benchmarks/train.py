@@ -138,8 +138,8 @@ def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks
             continue
         s.pop("records", None)
         # the overlap limit: no overheads, every byte at the link's payload rate, all of it hidden behind the
-        # compute if it fits
-        limit = max(compute, s["codec_seconds"] + _wire_seconds(s, rate, wire_eff, ranks_per_host))
+        # run's own compute if it fits (not the calibration's: the load may have changed since)
+        limit = max(s["compute_seconds"], s["codec_seconds"] + _wire_seconds(s, rate, wire_eff, ranks_per_host))
         rows.append(dict(method=method, momentum_sync=sync, hierarchical=hier, ddp_hook=hooked, **{
             k: s[k] for k in ("final_loss", "step_seconds", "mean_step_seconds", "compute_seconds",
                               "codec_seconds", "comm_seconds", "bytes_per_step", "predicted_step_seconds",
