@@ -28,8 +28,8 @@ def _kernels():
     emu = {"EMU": False}
     return [
         # name, kernel, pointer types (by prefix before _ptr), constexprs, warps
-        ("lion fp32", triton_lion.lion_kernel, f32, {"BLOCK": 2048, **emu}, 8),
-        ("lion bf16", triton_lion.lion_kernel, bf16, {"BLOCK": 2048, **emu}, 8),
+        ("lion fp32", triton_lion.lion_kernel, {**f32, "skip": "*i32"}, {"BLOCK": 2048, **emu}, 8),
+        ("lion bf16", triton_lion.lion_kernel, {**bf16, "skip": "*i32"}, {"BLOCK": 2048, **emu}, 8),
         ("prepass finite fp32", triton_prepass.finite_kernel, {"g": "*fp32", "bad": "*i32"}, {"BLOCK": 4096}, 8),
         ("prepass l1 sums fp32", triton_prepass.l1_sum_kernel,
          {**f32, "tile": "*i32", "lo": "*i32", "hi": "*i32", "part": "*fp64"}, {"BLOCK": 4096}, 8),
