@@ -1,5 +1,6 @@
 """`lioncub train`, checkpoints and resume, predictions, and `bench train`/`bench convergence` at toy sizes."""
 
+import dataclasses
 import json
 import os
 
@@ -65,6 +66,20 @@ def test_momentum_interval_and_prediction():
     cfg = TrainConfig(model="char-small", method="vote-1bit", steps=100)
     r = predict_step(cfg, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
     assert r.baseline_step_seconds > 4 * r.step_seconds  # the scenario the demo relies on is comm-bound
+    # without overlap LionCub exchanges runs of its automatic buckets (lioncub.optim.runs): one of 64 MiB here
+    from lioncub.simulator import Cluster, simulate_step
+
+    from lioncub.apps.calibrate import default_lab_profile
+
+    plain = dataclasses.replace(cfg, overlap=False)
+    want = simulate_step(Cluster.for_ranks(4, 1, bandwidth="100Mbit", latency=0.0), "vote-1bit", 3_220_480,
+                         momentum_interval(cfg.momentum_sync, cfg.steps), 64.0, 0.1, backend=default_lab_profile(),
+                         overlap=False, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype)
+    got = predict_step(plain, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
+    assert got.buckets == want.buckets == 1 and got.step_seconds == want.step_seconds
+    with pytest.raises(NotImplementedError, match="local steps in the node layout"):
+        predict_step(dataclasses.replace(cfg, local_steps=4, hierarchical=True, node_size=2), 3_220_480, 0.1,
+                     ranks=4, bandwidth="100Mbit", ranks_per_host=2)
 
 
 def test_convergence_bench_checks_its_plot_path_first(capsys):

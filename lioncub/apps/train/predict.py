@@ -36,7 +36,7 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
 
         profile = default_lab_profile()
     cluster = Cluster.for_ranks(ranks, ranks_per_host, bandwidth=bandwidth, latency=latency)
-    from lioncub.comm.wire import auto_bucket_mb
+    from lioncub.comm.wire import STEP_RUN_MB, auto_bucket_mb
 
     if run.wrapper.fsdp:  # FSDP2's units; its collectives in the parameters' dtype (fp32: no MixedPrecisionPolicy)
         layout["units"] = units if units is not None else unit_params(cfg)
@@ -51,7 +51,11 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     else:
         method, bucket_mb = run.method.name, cfg.bucket_mb or auto_bucket_mb(4 * params)
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
+        if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.runs)
+            bucket_mb = max(bucket_mb, STEP_RUN_MB)
     if getattr(cfg, "local_steps", None):
+        if layout:
+            raise NotImplementedError("the simulator does not cost local steps in the node layout yet")
         layout["local_steps"] = cfg.local_steps
     layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
