@@ -226,7 +226,7 @@ def levels_for(method, N):
     return default_levels(N) if method == "l1-pbit" else 0
 
 
-def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None, node_size=None):
+def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None, node_size=None, **stream):
     """Uninterrupted vs lioncub.checkpoint.save after `cut` steps and load into a fresh model and optimizer:
     the parameters after every later step, and at the end the momenta, residuals, anchor, outer momentum and
     counters, bit for bit."""
@@ -239,14 +239,14 @@ def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=No
                     anchor=flat(sd["anchor"]), velocity=flat(sd["velocity"]),
                     counts=[sd[k] for k in ("local_skips", "outer_steps", "outer_skips")], step=opt.engine.steps)
 
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     full = run(params, opt, rank, 1, steps, bad)
     full_state = state(params, opt)
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     run(params, opt, rank, 1, cut, bad)
     checkpoint.save(path, torch.nn.ParameterList(params), opt)
     at_cut = [p.detach().clone() for p in params]
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     info = checkpoint.load(path, torch.nn.ParameterList(params), opt)
     loaded_own = all(torch.equal(a, b) for a, b in zip(params, at_cut))
     resumed = run(params, opt, rank, cut + 1, steps, bad)
@@ -304,3 +304,8 @@ def stream_resume_case(rank, world_size, method, H, outer, steps, cut, F, delay)
     resumed = run(params, opt, rank, cut + 1, steps)
     same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
     return dict(same=same, steps=len(resumed), in_flight=in_flight)
+
+
+def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F, delay):
+    """dcp_resume_case() with streamed outer steps."""
+    return dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad, fragments=F, outer_delay=delay)

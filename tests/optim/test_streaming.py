@@ -139,3 +139,15 @@ def test_options_are_checked_with_one_line_errors():
         plain.load_state_dict(opt.state_dict())
     with pytest.raises(ValueError, match="fragments=3 outer_delay=1; this optimizer has fragments=1"):
         one.load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("cut", [6, 5])
+def test_lioncub_checkpoint_resumes_across_an_exchange_in_flight(tmp_path, cut):
+    """lioncub.checkpoint.save after step 6 (fragment 0's exchange of step 6 in flight: its agreed update is saved)
+    and after 5 (none in flight); each rank resumes from its own parameters: bit for bit to step 10, with the
+    momenta, residuals, anchor, outer momentum and counters."""
+    path = str(tmp_path / f"cut{cut}")
+    reports = spawn(lc.stream_dcp_case, N, "vote-1bit", 4, "nesterov", 10, cut, path, (1, 3), 2, 1, timeout=240)
+    for rank, r in enumerate(reports):
+        assert r["same"] and r["same_state"] and r["steps"] == 10 - cut and r["loaded_own"], rank
+        assert r["counts"][0] == (1 if rank == 1 else 0)
