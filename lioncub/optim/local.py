@@ -19,6 +19,9 @@ In the node layout (hierarchical=True) each node is one replica: its G ranks ste
 gradient (an fp32 all-reduce inside the node), and local rank 0 of every node votes for it across the nodes and
 broadcasts the agreed G inside its node (lioncub.optim.outer's exchange on the leaders' cross group).
 
+With fragments (lioncub.optim.streaming) the outer steps of the model's fragments are staggered over the H
+steps and overlap the next inner steps on a communication thread.
+
 The anchor is the parameters at the first step (after broadcast_parameters), then each outer step's result.
 state_dict() holds the anchor, the residuals, the outer momentum and the counters, so a resume anywhere in
 the interval reproduces the uninterrupted run bit for bit.
