@@ -188,10 +188,10 @@ class LocalSteps:
         if ("stream" in sd) != (self.stream is not None):
             raise ValueError(f"this checkpoint's outer steps were {'' if 'stream' in sd else 'not '}streamed "
                              "(fragments); resume with the same options")
-        if self.stream is not None:
-            self.stream.load_state_dict(sd["stream"])
         if (sd["residual"] is None) != (self.residual is None):
             raise ValueError("this checkpoint's error feedback differs from this optimizer's: resume with the same")
+        if self.stream is not None:
+            self.stream.load_state_dict(sd["stream"])
         self.anchor = None if sd["anchor"] is None else [t.clone() for t in sd["anchor"]]
         self.velocity = None if sd["velocity"] is None else [t.clone() for t in sd["velocity"]]
         for mine, saved in zip(self.residual or (), sd["residual"] or ()):

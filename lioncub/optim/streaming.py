@@ -181,6 +181,8 @@ class Streaming:
             raise ValueError(f"this checkpoint ran fragments={sd and sd.get('fragments')} outer_delay="
                              f"{sd and sd.get('outer_delay')}; this optimizer has fragments={self.F} outer_delay="
                              f"{self.D}: resume with the same options")
+        for job in self.pending:  # this optimizer's own exchanges in flight would write into the loaded residuals
+            job.done.wait()
         self.pending = []
         for p in sd["pending"]:
             job = _Job(p["fragment"], p["step"], p["due"])
