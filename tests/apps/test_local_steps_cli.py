@@ -72,9 +72,13 @@ def test_lioncub_train_fragments_stream_the_outer_steps(tmp_path):
     assert [r["loss"] for r in resumed["records"]] == [r["loss"] for r in full["records"]]
     with pytest.raises(ValueError, match="give local_steps too"):
         TrainConfig(method="vote-1bit", fragments=2)
-    assert split_stream("vote-1bit+local:25:avg+stream:5") == ("vote-1bit+local:25:avg", 5)
+    assert split_stream("vote-1bit+local:25:avg+stream:5") == ("vote-1bit+local:25:avg", 5, None)
+    assert split_stream("vote-1bit+local:25+stream:5:4") == ("vote-1bit+local:25", 5, 4)
     assert split_local("vote-1bit+local:25:avg+stream:5") == ("vote-1bit", 25, "avg")
-    with pytest.raises(ValueError, match=r"\+stream:F with F >= 1"):
-        split_stream("vote-1bit+stream:2")
+    for bad in ("vote-1bit+stream:2", "vote-1bit+local:4+stream:2:x", "vote-1bit+local:4+stream:0"):
+        with pytest.raises(ValueError, match=r"\+stream:F\[:D\] with F >= 1"):
+            split_stream(bad)
     assert _configs("vote-1bit+local:25+stream:5") == [("vote-1bit+local:25+stream:5", "none", False)]
     assert _cfg("vote-1bit+local:25+stream:5", "none", 10, "char-tiny").fragments == 5
+    cfg = _cfg(_configs("allreduce+local:25+stream:5:4")[0][0], "none", 10, "char-tiny")
+    assert (cfg.local_steps, cfg.fragments, cfg.outer_delay) == (25, 5, 4)

@@ -49,7 +49,7 @@ def test_bench_train_help_documents_the_syntax(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "method[+local:H[:outer][+stream:F]][@sync][+hier]" in out and "--ranks-per-host" in out
+    assert "method[+local:H[:outer][+stream:F[:D]]][@sync][+hier]" in out and "--ranks-per-host" in out
     assert "hierarchical layout" in out
 
 

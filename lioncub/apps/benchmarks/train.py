@@ -22,18 +22,18 @@ from lioncub.files import check_writable
 CONFIGS = [(DDP_LION.name, "none", False)] + [(m, "none", False) for m in methods.NAMES] + [
     ("vote-1bit", "every:10", False), ("l1-pbit", "every:10", False)]
 HIER = "+hier"  # the configuration suffix of LionCub's hierarchical layout
-CONFIG_SYNTAX = (f"comma-separated method[+local:H[:outer][+stream:F]][@sync][{HIER}], e.g. allreduce,"
+CONFIG_SYNTAX = (f"comma-separated method[+local:H[:outer][+stream:F[:D]]][@sync][{HIER}], e.g. allreduce,"
                  f"vote-1bit@every:10,vote-1bit{HIER},vote-1bit+local:25+stream:5: {HIER} runs LionCub's hierarchical "
                  "layout (nodes of --ranks-per-host ranks: reduce-scatter of the gradients and all-gather of the codes "
-                 "inside a node, the vote across nodes); +local:H H local steps, +stream:F their outer steps streamed "
-                 "in F fragments")
+                 "inside a node, the vote across nodes); +local:H H local steps, +stream:F[:D] their outer steps "
+                 "streamed in F fragments, each overlapping D inner steps (default 1)")
 
 
 def _configs(spec: str | None, local_steps: int | None = None, outer: str | None = None) -> list:
-    """(method, momentum sync, hierarchical) for each item of a `method[+local:H[:outer][+stream:F]][@sync][+hier]`
+    """(method, momentum sync, hierarchical) for each item of a `method[+local:H[:outer][+stream:F[:D]]][@sync][+hier]`
     list; `method` is a configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here,
     with its local steps (+local:H, or `local_steps` for every LionCub method without its own) and streamed outer
-    steps (+stream:F) kept in the text."""
+    steps (+stream:F[:D]) kept in the text."""
     out = []
     for item in spec.split(",") if spec else [f"{m}@{s}" for m, s, _ in CONFIGS]:
         hier = item.endswith(HIER)
@@ -43,8 +43,8 @@ def _configs(spec: str | None, local_steps: int | None = None, outer: str | None
         if H is None and local_steps and not run.plain_lion:
             H, own_outer = local_steps, outer
         local = "" if H is None else f"+local:{H}" + (f":{own_outer}" if own_outer else "")
-        F = split_stream(method)[1]
-        local += f"{STREAM}{F}" if F else ""
+        _, F, D = split_stream(method)
+        local += "" if F is None else f"{STREAM}{F}" + ("" if D is None else f":{D}")
         out.append((run.name + local, sync or "none", hier))
     return out
 
@@ -66,7 +66,7 @@ def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
     name, local_steps, outer = split_local(method)
     return TrainConfig(**{**SCENARIO, "model": model}, method=name, momentum_sync=sync, steps=steps,
                        ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer,
-                       fragments=split_stream(method)[1])
+                       fragments=split_stream(method)[1], outer_delay=split_stream(method)[2])
 
 
 def _runs(configs, ddp_hook, local_steps=None, outer=None):
