@@ -45,8 +45,9 @@ _STOP = object()
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Streaming with a thread, for shutdown()
 
 
-def shutdown(timeout: float = 5.0) -> None:
-    """End every streaming thread (at exit, like lioncub.optim.overlap's)."""
+def shutdown(timeout: float = 60.0) -> None:
+    """End every streaming thread (at exit, like lioncub.optim.overlap's): each first finishes the exchanges
+    queued (every rank launched them, so they complete; a slow link may need the time), then stops."""
     for s in list(_LIVE):
         s.close(join_timeout=timeout)
 
