@@ -43,8 +43,9 @@ def make(method, H, outer, error_feedback=True, node_size=None, bucket_mb=None, 
     return params, opt
 
 
-def run(params, opt, rank, first, last, bad=None, nan_at=None):
-    """Steps first..last; returns each step's parameters (flat) and bytes sent."""
+def run(params, opt, rank, first, last, bad=None, nan_at=None, chatter=False):
+    """Steps first..last; returns each step's parameters (flat) and bytes sent. chatter: the script all-reduces
+    a metric on the default group before each step (while streamed exchanges are in flight)."""
     out = []
     for step in range(first, last + 1):
         opt.zero_grad()
@@ -52,6 +53,10 @@ def run(params, opt, rank, first, last, bad=None, nan_at=None):
             p.grad.copy_(g)
         if nan_at is not None and (rank, step) == tuple(nan_at):
             params[0].data[0, 0] = float("nan")  # from outside the optimizer: the pseudo-gradient is not finite
+        if chatter:
+            metric = torch.full((1000,), float(rank))
+            dist.all_reduce(metric)
+            assert torch.equal(metric, torch.full((1000,), float(sum(range(dist.get_world_size())))))
         opt.step()
         out.append(dict(params=[p.detach().clone() for p in params], bytes=opt.stats.last_bytes_sent,
                         node_bytes=opt.stats.last_node_bytes_sent))
@@ -267,9 +272,9 @@ def fragment_tensors(opt, params):
     return [[index[id(p)] for k in ks for p in opt.engine.buckets[k].params] for ks in opt.local.stream.fragments]
 
 
-def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None):
+def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False):
     params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
-    recs = run(params, opt, rank, 1, steps, bad, nan_at)
+    recs = run(params, opt, rank, 1, steps, bad, nan_at, chatter)
     opt.state_dict()  # (waits for the exchanges in flight: `launches` lists what the thread ran, in its order)
     s = opt.local.stream
     return dict(records=recs, residual=residuals_by_param(opt, params), fragments=fragment_tensors(opt, params),

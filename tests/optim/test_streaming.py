@@ -63,6 +63,13 @@ def test_streamed_outer_steps_match_an_independent_replay(method, outer, H, F, D
     assert all(r["delay"] == D for r in reports)
 
 
+def test_the_script_s_collectives_meanwhile_do_not_interleave_with_the_exchanges():
+    """An all-reduce on the default group before every step, while the dense exchanges (all-reduces too) are in
+    flight on the streaming thread: they run on a group of their own, so both give the right sums."""
+    reports = spawn(lc.stream_scenario, N, "allreduce", 6, "avg", 14, 2, 2, None, None, True, timeout=240)
+    _check(reports, "allreduce", "avg", 6, 2, 2, 14)
+
+
 def test_a_bad_inner_step_is_its_rank_s_alone_and_the_default_delay_is_one():
     bad = (1, 3)
     reports = spawn(lc.stream_scenario, N, "vote-1bit", 4, "nesterov", 9, 2, None, bad, timeout=240)
