@@ -14,11 +14,13 @@ All functions work on flat 1-D buckets. Conventions shared with the Triton kerne
 * L1 levels: per parameter tensor t, `mult_t = float32((s/2) / mean|c_t|)` computed in float64
   (0 where mean|c_t| == 0), then `q = clamp(rint(c * mult_t), -s, s)` in fp32 (rint: half to even).
 
-Large temporaries come from a per-device scratch pool: a fresh multi-MB tensor costs a page fault per
+Large temporaries come from a per-device, per-thread scratch pool: a fresh multi-MB tensor costs a page fault per
 4 KiB on first touch, which on a CPU costs more than the arithmetic.
 """
 
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -26,15 +28,21 @@ from lioncub.comm.wire import Codec, FieldLayout
 
 PACK_MAGIC = 0x0102040810204080  # (8 bytes of 0/1 as an int64) * PACK_MAGIC >> 56 == the packed byte
 _CACHE: dict = {}
+# each thread's own scratch buffers: a communication thread's codec (lioncub.optim.streaming's) runs while the
+# main thread's Lion steps use theirs
+_THREAD = threading.local()
 
 
 def scratch(slot: str, n: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """A reusable 1-D buffer of at least n elements (contents unspecified). One buffer per slot name:
-    two values that are alive at once must use different slots."""
-    key = ("scratch", slot, dtype, torch.device(device))
-    buf = _CACHE.get(key)
+    """A reusable 1-D buffer of at least n elements (contents unspecified), this thread's. One buffer per slot
+    name: two values that are alive at once must use different slots."""
+    cache = getattr(_THREAD, "scratch", None)
+    if cache is None:
+        cache = _THREAD.scratch = {}
+    key = (slot, dtype, torch.device(device))
+    buf = cache.get(key)
     if buf is None or buf.numel() < n:
-        buf = _CACHE[key] = torch.empty(n, dtype=dtype, device=device)
+        buf = cache[key] = torch.empty(n, dtype=dtype, device=device)
     return buf[:n]
 
 

@@ -17,8 +17,10 @@ last, so a checkpoint whose save did not finish cannot be loaded):
                               bucket k: replicated, written once
     rank<r>.residual.<k>, rank<r>.local_counts   (local steps) rank r's error-feedback residual of bucket k
                               and its counters
-    rank<r>.params.<i>        (local steps, saved between outer steps) rank r's own parameter i: the
-                              replicas differ there, and each resumes from its own
+    rank<r>.params.<i>        (local steps, saved between outer steps, and always when they are streamed)
+                              rank r's own parameter i: the replicas differ there, and each resumes from its own
+    lioncub.local.pending.<j>.<i>   (streamed outer steps) the agreed update of the j-th exchange in flight, for
+                              the i-th bucket of its fragment: the same on every rank, written once
 
 Resuming on the same world size is bit-exact: each rank reads its own momentum. On another world size
 (the policy; it logs which, never silently):
@@ -77,12 +79,17 @@ def _local_entries(opt, meta: dict, mine: dict) -> dict:
     its own parameters into `mine`; what they ran into `meta`; returns the anchor and outer momentum (replicated:
     written once)."""
     sd = opt.local.state_dict()
-    own_params = opt.engine.steps % sd["local_steps"] != 0
+    stream = sd.get("stream")  # streamed outer steps: some fragment's replicas differ at almost every step
+    own_params = opt.engine.steps % sd["local_steps"] != 0 or stream is not None
     meta["local"] = dict(local_steps=sd["local_steps"], outer=sd["outer"], own_params=own_params,
                          buckets=[b.n for b in opt.engine.buckets],
                          **{name: sd[name] is not None for name in ("anchor", "velocity", "residual")})
     shared = {name: {str(k): t for k, t in enumerate(sd[name])} for name in ("anchor", "velocity")
               if sd[name] is not None}
+    if stream is not None:  # the agreed updates of the exchanges in flight (the same on every rank)
+        meta["local"]["stream"] = dict(stream, pending=[dict(j, G=j["G"] is not None) for j in stream["pending"]])
+        shared["pending"] = {str(i): {str(k): g for k, g in enumerate(j["G"])}
+                             for i, j in enumerate(stream["pending"]) if j["G"] is not None}
     if sd["residual"] is not None:
         mine["residual"] = {str(k): t for k, t in enumerate(sd["residual"])}
     mine["local_counts"] = json.dumps({k: sd[k] for k in ("local_skips", "outer_steps", "outer_skips")})
@@ -191,6 +198,9 @@ def _read_local(path: str, opt, saved: dict) -> dict:
         mine["residual"] = {k: torch.empty_like(t) for k, t in flat.items()}
     if saved["own_params"]:
         mine["params"] = {str(i): torch.empty_like(p) for i, p in enumerate(params)}
+    stream = saved.get("stream")
+    if stream is not None:
+        shared["pending"] = _pending_buffers(opt, stream)
     part = {"lioncub": {"local": shared}, f"rank{opt.rank}": mine} if shared else {f"rank{opt.rank}": mine}
     _dcp(dcp.load, part, path, opt)
     for i, t in mine.get("params", {}).items():
@@ -199,9 +209,26 @@ def _read_local(path: str, opt, saved: dict) -> dict:
     def listed(d):
         return None if d is None else [d[str(k)] for k in range(len(buckets))]
 
-    return dict(local_steps=saved["local_steps"], outer=saved["outer"], anchor=listed(shared.get("anchor")),
-                velocity=listed(shared.get("velocity")), residual=listed(mine.get("residual")),
-                **json.loads(mine["local_counts"]))
+    out = dict(local_steps=saved["local_steps"], outer=saved["outer"], anchor=listed(shared.get("anchor")),
+               velocity=listed(shared.get("velocity")), residual=listed(mine.get("residual")),
+               **json.loads(mine["local_counts"]))
+    if stream is not None:
+        got = shared["pending"]
+        out["stream"] = dict(stream, pending=[dict(j, G=[got[str(i)][str(k)] for k in range(len(got[str(i)]))]
+                                                   if j["G"] else None) for i, j in enumerate(stream["pending"])])
+    return out
+
+
+def _pending_buffers(opt, stream: dict) -> dict:
+    """Buffers for the saved agreed updates of the streamed exchanges in flight (fp32, one per bucket of the
+    exchange's fragment)."""
+    stream_ = opt.local.stream
+    if stream_ is None or stream["fragments"] != stream_.F:
+        return {}  # (opt.load_state_dict refuses the options with its one-line error)
+    buckets = opt.engine.buckets
+    return {str(i): {str(j): torch.empty(buckets[k].n, dtype=torch.float32, device=buckets[k].p.device)
+                     for j, k in enumerate(stream_.fragments[p["fragment"]])}
+            for i, p in enumerate(stream["pending"]) if p["G"]}
 
 
 def _read_momenta(path: str, opt, how: str, sources: list) -> tuple[dict, dict | None]:

@@ -19,6 +19,9 @@ In the node layout (hierarchical=True) each node is one replica: its G ranks ste
 gradient (an fp32 all-reduce inside the node), and local rank 0 of every node votes for it across the nodes and
 broadcasts the agreed G inside its node (lioncub.optim.outer's exchange on the leaders' cross group).
 
+With fragments (lioncub.optim.streaming) the outer steps of the model's fragments are staggered over the H
+steps and overlap the next inner steps on a communication thread.
+
 The anchor is the parameters at the first step (after broadcast_parameters), then each outer step's result.
 state_dict() holds the anchor, the residuals, the outer momentum and the counters, so a resume anywhere in
 the interval reproduces the uninterrupted run bit for bit.
@@ -34,7 +37,7 @@ import torch.distributed as dist
 
 from lioncub.comm import transport, wire
 from lioncub.comm.transport import allreduce_mean_
-from lioncub.optim import steps
+from lioncub.optim import steps, streaming
 from lioncub.optim.outer import OuterExchange, outer_update, parse_outer
 from lioncub.optim.stats import Clock
 
@@ -61,7 +64,8 @@ def check_options(local_steps, outer, *, dense_warmup: int, momentum_sync, shard
 class LocalSteps:
     """Drives the engine's buckets for local steps: step() replaces the engine's step kinds."""
 
-    def __init__(self, engine, local_steps: int, outer, error_feedback: bool = True):
+    def __init__(self, engine, local_steps: int, outer, error_feedback: bool = True, streamed=None):
+        """streamed: (F, D) streams the outer steps (lioncub.optim.streaming), None does not."""
         self.engine, self.H, self.outer = engine, local_steps, outer
         self.nodes = engine.layout.nodes  # the node layout's groups (hierarchical=True), or None
         if self.nodes is None:
@@ -71,6 +75,7 @@ class LocalSteps:
         self.anchor = None  # fp32 copies of the buckets' parameters at the last outer step
         self.velocity = None
         self.local_skips = self.outer_steps = self.outer_skips = 0
+        self.stream = None if streamed is None else streaming.Streaming(self, *streamed)
 
     @property
     def residual(self):
@@ -103,10 +108,14 @@ class LocalSteps:
                 collectives += e.layout.dense_step(e.buckets)
             e.momenta_identical = e.world_size == 1
         t1 = clock()
-        if e.steps % self.H == 0:
-            collectives += self.outer_step()
-        comm = clock() - t1
-        steps.record(e, collectives, comm_s=comm, apply_s=t1 - t0, exposed_s=comm)
+        if self.stream is not None:
+            streamed, comm, exposed = self.stream.step(e.steps)
+            collectives += streamed
+        else:
+            if e.steps % self.H == 0:
+                collectives += self.outer_step()
+            comm = exposed = clock() - t1
+        steps.record(e, collectives, comm_s=comm, apply_s=t1 - t0, exposed_s=exposed)
         e.buckets.end_step()
 
     def node_mean(self) -> list:
@@ -140,35 +149,49 @@ class LocalSteps:
 
     def outer_step(self) -> list:
         """Agree G, move the anchor, restart every replica from it; returns the collectives."""
-        e = self.engine
         G, collectives = self.agree()
+        self.apply_outer(range(len(self.engine.buckets)), G, self.engine.steps)
+        return collectives
+
+    def apply_outer(self, ks, G, step: int) -> None:
+        """Move the anchor of buckets ks by the agreed G (None: the outer step of `step` is skipped) and restart
+        their parameters from it."""
+        e = self.engine
         if G is None:
             self.outer_skips += 1
             if e.rank == 0:
-                log.warning("LionCub: outer step at %d skipped on all ranks (a non-finite pseudo-gradient)", e.steps)
+                log.warning("LionCub: outer step at %d skipped on all ranks (a non-finite pseudo-gradient)", step)
         else:
             self.outer_steps += 1
-            for k, b in enumerate(e.buckets):
-                reach = self.H * e.buckets.hyper(b).lr
+            for k in ks:
+                reach = self.H * e.buckets.hyper(e.buckets[k]).lr
                 outer_update(self.outer, self.anchor[k], None if self.velocity is None else self.velocity[k], G[k],
                              inner_reach=reach)
-        for b, a in zip(e.buckets, self.anchor):
-            b.p.copy_(a)
-        return collectives
+        for k in ks:
+            e.buckets[k].p.copy_(self.anchor[k])
 
     def state_dict(self) -> dict:
+        stream = None if self.stream is None else self.stream.state_dict()  # (first: it waits for the thread)
         copy = (lambda ts: None if ts is None else [t.clone() for t in ts])
-        return dict(local_steps=self.H, outer=str(self.outer), anchor=copy(self.anchor), residual=copy(self.residual),
-                    velocity=copy(self.velocity), local_skips=self.local_skips, outer_steps=self.outer_steps,
-                    outer_skips=self.outer_skips)
+        sd = dict(local_steps=self.H, outer=str(self.outer), anchor=copy(self.anchor), residual=copy(self.residual),
+                  velocity=copy(self.velocity), local_skips=self.local_skips, outer_steps=self.outer_steps,
+                  outer_skips=self.outer_skips)
+        if stream is not None:
+            sd["stream"] = stream
+        return sd
 
     @torch.no_grad()
     def load_state_dict(self, sd: dict) -> None:
         if sd.get("local_steps") != self.H or sd.get("outer") != str(self.outer):
             raise ValueError(f"this checkpoint ran local_steps={sd.get('local_steps')} outer={sd.get('outer')}; this "
                              f"optimizer has local_steps={self.H} outer={self.outer}: resume with the same options")
+        if ("stream" in sd) != (self.stream is not None):
+            raise ValueError(f"this checkpoint's outer steps were {'' if 'stream' in sd else 'not '}streamed "
+                             "(fragments); resume with the same options")
         if (sd["residual"] is None) != (self.residual is None):
             raise ValueError("this checkpoint's error feedback differs from this optimizer's: resume with the same")
+        if self.stream is not None:
+            self.stream.load_state_dict(sd["stream"])
         self.anchor = None if sd["anchor"] is None else [t.clone() for t in sd["anchor"]]
         self.velocity = None if sd["velocity"] is None else [t.clone() for t in sd["velocity"]]
         for mine, saved in zip(self.residual or (), sd["residual"] or ()):

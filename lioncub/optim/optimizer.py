@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from lioncub import kernels, methods
 from lioncub.comm.transport import record_call_times
-from lioncub.optim import clip, local, resume, steps
+from lioncub.optim import clip, local, resume, steps, streaming
 from lioncub.optim.buckets import DTYPES
 from lioncub.optim.engine import Engine
 from lioncub.optim.stats import CommStats
@@ -90,6 +90,9 @@ class LionCub(torch.optim.Optimizer):
         outer: the outer optimizer with local_steps, "kind[:LR[:MU]]": "avg" (default, 1:0: the agreed
             update as it is), "nesterov" (DiLoCo's, 0.7:0.9) or "sign" (0.5:0.9) (lioncub.optim.outer).
         error_feedback: with local_steps and a compressed method, keep what compression dropped (default True).
+        fragments, outer_delay: with local_steps, stream the outer steps (lioncub.optim.streaming): the buckets in
+            F fragments whose outer exchanges are staggered over the H steps and run on a communication thread
+            during the next D inner steps (default D: 1; 0 with F = 1, the unstreamed outer step, or F = H).
 
     Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step
     to clip, and use `lioncub.GradScaler` for fp16 loss scaling: both agree across ranks.
@@ -104,7 +107,8 @@ class LionCub(torch.optim.Optimizer):
                  process_group=None, bucket_mb: float | None = None, grad_wire_dtype=torch.float32,
                  skip_nonfinite: bool = True, overlap: bool = True, timing: bool = False,
                  dense_warmup: int = 0, hierarchical: bool = False, node_size: int | None = None,
-                 local_steps: int | None = None, outer=None, error_feedback: bool = True):
+                 local_steps: int | None = None, outer=None, error_feedback: bool = True, fragments: int | None = None,
+                 outer_delay: int | None = None):
         grad_wire_dtype = _wire_dtype(grad_wire_dtype)
         spec = methods.get(method)
         _validate(lr, betas, weight_decay, bucket_mb, grad_wire_dtype, dense_warmup)
@@ -113,6 +117,7 @@ class LionCub(torch.optim.Optimizer):
         sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
         self._local_args = local.check_options(local_steps, outer, dense_warmup=dense_warmup,
                                                momentum_sync=momentum_sync, sharded=sharded) + (bool(error_feedback),)
+        self._streamed = streaming.check_options(fragments, outer_delay, local_steps, hierarchical=bool(hierarchical))
         overlap = overlap and local_steps is None  # local steps communicate in step() only
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)
@@ -132,7 +137,7 @@ class LionCub(torch.optim.Optimizer):
         self._engine = Engine(self.param_groups, self.state, sharding=sharding, **self._engine_args)
         H, outer, error_feedback = self._local_args
         if H is not None:
-            self._local = local.LocalSteps(self._engine, H, outer, error_feedback)
+            self._local = local.LocalSteps(self._engine, H, outer, error_feedback, self._streamed)
         if self.timing:  # (from the first step on: the set-up's collectives are not the step's)
             record_call_times(True)
 

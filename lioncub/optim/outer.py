@@ -118,10 +118,11 @@ class OuterExchange:
                                           grads=d) for b, d in zip(e.buckets, self.delta)]
         return self.xs
 
-    def pseudo_gradients(self, anchors) -> None:
-        """delta (+ the residual) of every bucket, into self.delta."""
-        for b, a, d, k in zip(self.engine.buckets, anchors, self.delta, range(len(self.delta))):
-            torch.sub(a, b.p.float(), out=d)
+    def pseudo_gradients(self, anchors, ks=None) -> None:
+        """delta (+ the residual) of buckets `ks` (default: all), into self.delta."""
+        for k in range(len(self.delta)) if ks is None else ks:
+            d = self.delta[k]
+            torch.sub(anchors[k], self.engine.buckets[k].p.float(), out=d)
             if self.residual is not None:
                 d.add_(self.residual[k])
 
@@ -129,22 +130,28 @@ class OuterExchange:
         """The agreed outer gradient G of every bucket (None if some rank's pseudo-gradient is not finite:
         the outer step is skipped everywhere), and the collectives it took."""
         self.pseudo_gradients(anchors)
-        if self.voters == 1:
-            return (self.delta if all(torch.isfinite(d).all() for d in self.delta) else None), []
-        if self.spec.dense:
-            return self._dense()
-        return self._compressed()
+        return self.agree_taken(range(len(self.delta)), self.engine.steps)
 
-    def _dense(self):
+    def agree_taken(self, ks, step: int) -> tuple[list | None, list]:
+        """agree() for buckets `ks` whose pseudo-gradients are already in self.delta, as at step `step` (the
+        streamed outer steps, lioncub.optim.streaming, run this on their communication thread). G[k] holds
+        bucket k's for k in ks."""
+        if self.voters == 1:
+            return (self.delta if all(torch.isfinite(self.delta[k]).all() for k in ks) else None), []
+        if self.spec.dense:
+            return self._dense(ks)
+        return self._compressed(ks, step)
+
+    def _dense(self, ks):
         xs, e = self._exchanges(), self.engine
-        ok = all(bool(torch.isfinite(d).all()) for d in self.delta)
+        ok = all(bool(torch.isfinite(self.delta[k]).all()) for k in ks)
         bad = transport.any_rank(not ok, self.group, e.buckets.device, "outer non-finite")
         collectives = [wire.Collective("allreduce", 4, "int32")]
         if bad:
             return None, collectives
-        for x in xs:
-            x()
-            collectives += x.collectives
+        for k in ks:
+            xs[k]()
+            collectives += xs[k].collectives
         return self.delta, collectives
 
     def _scales(self, mine: list, ok: bool):
@@ -165,26 +172,28 @@ class OuterExchange:
         collective = wire.Collective("allgather", rows.numel() * 8, "float64")
         return int(total[0].item()), out, collective
 
-    def _compressed(self):
+    def _compressed(self, ks, step: int):
         e, xs = self.engine, self._exchanges()
-        buckets = e.buckets
-        prepared = [x.prepare(d, d, beta1=0.0, offsets=b.offsets) for b, x, d in zip(buckets, xs, self.delta)]
-        mine = [segment_mean_abs(d, b.offsets) for b, d in zip(buckets, self.delta)]
+        buckets = [e.buckets[k] for k in ks]
+        prepared = [xs[k].prepare(self.delta[k], self.delta[k], beta1=0.0, offsets=b.offsets)
+                    for k, b in zip(ks, buckets)]
+        mine = [segment_mean_abs(self.delta[k], b.offsets) for k, b in zip(ks, buckets)]
         ok = all(bool(flag) for flag, _ in prepared) and all(bool(torch.isfinite(m).all()) for m in mine)
         bad, scales, collective = self._scales(mine, ok)
         collectives = [collective]
         if bad:
             return None, collectives
-        parity = e.zero_parity(e.steps)
-        for k, (b, x, d, (_, mult)) in enumerate(zip(buckets, xs, self.delta, prepared)):
+        parity = e.zero_parity(step)
+        for j, (k, b, (_, mult)) in enumerate(zip(ks, buckets, prepared)):
+            x, d = xs[k], self.delta[k]
             x.pack(d, d, mult, beta1=0.0, beta2=0.0, offsets=b.offsets, zero_parity=parity, update_momentum=False)
             code = x()
             collectives += x.collectives
             u = self.update[k].zero_()
             x.apply(u, code, lr=-1.0, wd=0.0)  # u = 0 + U
-            u.mul_(expand(scales[k], b.offsets))
+            u.mul_(expand(scales[j], b.offsets))
             if self.residual is not None:
-                self.residual[k].copy_(d).sub_(local_value(x.codec, d, mine[k], mult, b.offsets, x.levels))
+                self.residual[k].copy_(d).sub_(local_value(x.codec, d, mine[j], mult, b.offsets, x.levels))
         return self.update, collectives
 
 

@@ -49,7 +49,8 @@ def test_bench_train_help_documents_the_syntax(capsys):
     with pytest.raises(SystemExit):
         main(["bench", "train", "--help"])
     out = " ".join(capsys.readouterr().out.split())
-    assert "method[@sync][+hier]" in out and "--ranks-per-host" in out and "hierarchical layout" in out
+    assert "method[+local:H[:outer][+stream:F[:D]]][@sync][+hier]" in out and "--ranks-per-host" in out
+    assert "hierarchical layout" in out
 
 
 def test_train_flags_and_config_keys_reach_the_config(tmp_path):

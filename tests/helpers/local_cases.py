@@ -14,6 +14,7 @@ from lioncub.methods.l1_pbit import default_levels
 
 SHAPES = [(7, 5), (13,), (3, 3, 3), (33,), (2, 17)]
 BUCKET_MB = 256 / 2**20  # several buckets
+STREAM_BUCKET_MB = 128 / 2**20  # one bucket per tensor: fragments of one to several tensors
 LR, WD, B1, B2 = 0.01, 0.1, 0.9, 0.99
 
 
@@ -31,17 +32,20 @@ def grads(rank: int, step: int, bad=None):
     return gs
 
 
-def make(method, H, outer, error_feedback=True, node_size=None):
-    """node_size: the node layout (hierarchical=True) with nodes of that many ranks."""
+def make(method, H, outer, error_feedback=True, node_size=None, bucket_mb=None, **stream):
+    """node_size: the node layout (hierarchical=True) with nodes of that many ranks; stream: fragments and
+    outer_delay (then smaller buckets by default: more of them to make fragments of)."""
     params = [torch.nn.Parameter(t.clone()) for t in initial()]
-    opt = LionCub(params, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=BUCKET_MB,
-                  local_steps=H, outer=outer, error_feedback=error_feedback, hierarchical=node_size is not None,
-                  node_size=node_size)
+    bucket_mb = bucket_mb or (STREAM_BUCKET_MB if stream else BUCKET_MB)
+    opt = LionCub(params, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=bucket_mb,
+                  local_steps=H, outer=outer,
+                  error_feedback=error_feedback, hierarchical=node_size is not None, node_size=node_size, **stream)
     return params, opt
 
 
-def run(params, opt, rank, first, last, bad=None, nan_at=None):
-    """Steps first..last; returns each step's parameters (flat) and bytes sent."""
+def run(params, opt, rank, first, last, bad=None, nan_at=None, chatter=False):
+    """Steps first..last; returns each step's parameters (flat) and bytes sent. chatter: the script all-reduces
+    a metric on the default group before each step (while streamed exchanges are in flight)."""
     out = []
     for step in range(first, last + 1):
         opt.zero_grad()
@@ -49,6 +53,10 @@ def run(params, opt, rank, first, last, bad=None, nan_at=None):
             p.grad.copy_(g)
         if nan_at is not None and (rank, step) == tuple(nan_at):
             params[0].data[0, 0] = float("nan")  # from outside the optimizer: the pseudo-gradient is not finite
+        if chatter:
+            metric = torch.full((1000,), float(rank))
+            dist.all_reduce(metric)
+            assert torch.equal(metric, torch.full((1000,), float(sum(range(dist.get_world_size())))))
         opt.step()
         out.append(dict(params=[p.detach().clone() for p in params], bytes=opt.stats.last_bytes_sent,
                         node_bytes=opt.stats.last_node_bytes_sent))
@@ -171,16 +179,21 @@ def node_gradients(node: int, G: int, step: int, bad=None):
     return [sum(g[t] for g in gs) / G for t in range(len(SHAPES))]
 
 
-def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True, G=1):
+def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True, G=1, fragments=None, delay=0):
     """Every rank's parameters after each step, and the final residuals. outer = (kind, lr, momentum). G > 1:
-    nodes of G ranks step together on their mean gradient and vote as one (local rank 0 holds the residual)."""
+    nodes of G ranks step together on their mean gradient and vote as one (local rank 0 holds the residual).
+    fragments (lists of tensor indices) and delay: streamed outer steps; fragment f's pseudo-gradient is taken at
+    the steps t with t % H == ((f + 1) H // F) % H, agreed on then, and applied at t + delay, where the fragment's
+    tensors restart from its new anchor on every rank. None: one fragment of every tensor, applied at once."""
     okind, olr, mu = outer
+    fragments = [list(range(len(SHAPES)))] if fragments is None else fragments
+    F = len(fragments)
     p = [[t.clone() for t in initial()] for _ in range(N)]
     m = [[torch.zeros_like(t) for t in initial()] for _ in range(N)]
     anchor = [t.clone() for t in initial()]
     v = [torch.zeros_like(t) for t in anchor]
     r = [[torch.zeros_like(t) for t in anchor] for _ in range(N)]
-    history = []
+    history, pending, voters = [], [], range(0, N, G)
     for step in range(1, steps + 1):
         for node in range(N // G):
             gs, i = node_gradients(node, G, step, bad), node * G
@@ -188,19 +201,24 @@ def oracle(kind, N, H, outer, steps, levels=0, bad=None, error_feedback=True, G=
                 p[i], m[i] = map(list, zip(*[lion(x, y, g) for x, y, g in zip(p[i], m[i], gs)]))
                 for j in range(i + 1, i + G):
                     p[j], m[j] = list(p[i]), list(m[i])
-        if step % H == 0:
-            voters = range(0, N, G)
-            es = [[a - x + (rr if error_feedback and kind != "dense" else 0) for a, x, rr in zip(anchor, p[i], r[i])]
+        for f, ts in enumerate(fragments):
+            if step % H != ((f + 1) * H // F) % H:
+                continue
+            es = [[anchor[t] - p[i][t] + (r[i][t] if error_feedback and kind != "dense" else 0) for t in ts]
                   for i in voters]
             G_, res = agreed(kind, es, levels)
             if error_feedback and kind != "dense":
                 for i, rr in zip(voters, res):
-                    r[i] = rr
-            for t in range(len(anchor)):
-                v[t] = v[t] * mu + G_[t]
-                d = v[t] if okind == "avg" else G_[t] + mu * v[t]
+                    for t, x in zip(ts, rr):
+                        r[i][t] = x
+            pending.append((step + delay, ts, G_))
+        for _, ts, G_ in [x for x in pending if x[0] == step]:
+            for t, g in zip(ts, G_):
+                v[t] = v[t] * mu + g
+                d = v[t] if okind == "avg" else g + mu * v[t]
                 anchor[t] = anchor[t] - (olr * H * LR * torch.sign(d) if okind == "sign" else olr * d)
-            p = [[a.clone() for a in anchor] for _ in range(N)]
+                for i in range(N):
+                    p[i][t] = anchor[t].clone()
         history.append([[x.clone() for x in p[i]] for i in range(N)])
     return history, r
 
@@ -213,7 +231,7 @@ def levels_for(method, N):
     return default_levels(N) if method == "l1-pbit" else 0
 
 
-def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None, node_size=None):
+def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=None, node_size=None, **stream):
     """Uninterrupted vs lioncub.checkpoint.save after `cut` steps and load into a fresh model and optimizer:
     the parameters after every later step, and at the end the momenta, residuals, anchor, outer momentum and
     counters, bit for bit."""
@@ -226,14 +244,14 @@ def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=No
                     anchor=flat(sd["anchor"]), velocity=flat(sd["velocity"]),
                     counts=[sd[k] for k in ("local_skips", "outer_steps", "outer_skips")], step=opt.engine.steps)
 
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     full = run(params, opt, rank, 1, steps, bad)
     full_state = state(params, opt)
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     run(params, opt, rank, 1, cut, bad)
     checkpoint.save(path, torch.nn.ParameterList(params), opt)
     at_cut = [p.detach().clone() for p in params]
-    params, opt = make(method, H, outer, node_size=node_size)
+    params, opt = make(method, H, outer, node_size=node_size, **stream)
     info = checkpoint.load(path, torch.nn.ParameterList(params), opt)
     loaded_own = all(torch.equal(a, b) for a, b in zip(params, at_cut))
     resumed = run(params, opt, rank, cut + 1, steps, bad)
@@ -243,3 +261,56 @@ def dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad=No
                      else torch.equal(full_state[k], end[k]) for k in end)
     return dict(same=same, same_state=same_state, steps=len(resumed), info=info, loaded_own=loaded_own,
                 at_cut=torch.cat([p.reshape(-1) for p in at_cut]), residual=end["residual"], counts=end["counts"])
+
+
+# --- streamed outer steps (fragments) ---------------------------------------------------------------------
+
+
+def fragment_tensors(opt, params):
+    """The indices (in `params`) of the tensors in each of opt's fragments."""
+    index = {id(p): i for i, p in enumerate(params)}
+    return [[index[id(p)] for k in ks for p in opt.engine.buckets[k].params] for ks in opt.local.stream.fragments]
+
+
+def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False):
+    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+    recs = run(params, opt, rank, 1, steps, bad, nan_at, chatter)
+    opt.state_dict()  # (waits for the exchanges in flight: `launches` lists what the thread ran, in its order)
+    s = opt.local.stream
+    return dict(records=recs, residual=residuals_by_param(opt, params), fragments=fragment_tensors(opt, params),
+                launches=list(s.launches), delay=s.D, exchanges=s.exchanges, local_skips=opt.local.local_skips,
+                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips)
+
+
+def one_fragment_case(rank, world_size, method, H, outer, steps):
+    """fragments=1 (outer_delay 0) against no fragments: the same parameters and bytes at every step."""
+    plain = run(*make(method, H, outer, bucket_mb=STREAM_BUCKET_MB), rank, 1, steps)
+    params, opt = make(method, H, outer, fragments=1)
+    one = run(params, opt, rank, 1, steps)
+    opt.state_dict()
+    same = all(torch.equal(a, b) for ra, rb in zip(plain, one) for a, b in zip(ra["params"], rb["params"]))
+    return dict(same=same, bytes=[r["bytes"] for r in plain] == [r["bytes"] for r in one],
+                launches=list(opt.local.stream.launches))
+
+
+def stream_resume_case(rank, world_size, method, H, outer, steps, cut, F, delay):
+    """Uninterrupted vs state_dict() after `cut` steps (an exchange in flight) and resumed in a fresh optimizer."""
+    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+    full = run(params, opt, rank, 1, steps)
+    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+    run(params, opt, rank, 1, cut)
+    in_flight = len(opt.local.stream.pending)
+    saved = dict(opt=opt.state_dict(), params=[p.detach().clone() for p in params])
+    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+    with torch.no_grad():
+        for p, v in zip(params, saved["params"]):
+            p.copy_(v)
+    opt.load_state_dict(saved["opt"])
+    resumed = run(params, opt, rank, cut + 1, steps)
+    same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
+    return dict(same=same, steps=len(resumed), in_flight=in_flight)
+
+
+def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F, delay):
+    """dcp_resume_case() with streamed outer steps."""
+    return dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad, fragments=F, outer_delay=delay)

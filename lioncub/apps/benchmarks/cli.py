@@ -89,7 +89,7 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--steps", type=int, help="default 300 (--grid: 200)")
     p.add_argument("--model", help="default char-small (--grid: char-tiny)")
     p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)"
-                                     "[+local:H[:outer]] (H local steps)")
+                                     "[+local:H[:outer][+stream:F[:D]]] (H local steps, streamed in F fragments)")
     p.add_argument("--local-steps", dest="local_steps", type=int,
                    help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
     p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")

@@ -20,7 +20,7 @@ import sys
 import time
 
 from lioncub.apps.train.configs import parse as configuration
-from lioncub.apps.train.configs import split_local, split_run
+from lioncub.apps.train.configs import split_local, split_run, split_stream
 from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.files import write_json
 
@@ -143,7 +143,8 @@ def _run_one(res: dict, run: dict, steps: int, base, output: str | None) -> None
     _, local_steps, outer = split_local(run["config"])
     cfg = TrainConfig(**dict(dataclasses.asdict(base), method=method, momentum_sync=sync, dense_warmup=warmup,
                              steps=steps, lr=run["lr"], batch_size=run["batch_size"], seed=run["seed"],
-                             local_steps=local_steps, outer=outer))
+                             local_steps=local_steps, outer=outer, fragments=split_stream(run["config"])[1],
+                             outer_delay=split_stream(run["config"])[2]))
     t0 = time.perf_counter()
     s = train_local(cfg, run["ranks"], progress=False)
     sched = schedules.resolve(schedules.parse(sync))

@@ -15,22 +15,25 @@ import sys
 
 from lioncub import methods
 from lioncub.apps.demo import SCENARIO
-from lioncub.apps.train.configs import DDP_LION, split_local
+from lioncub.apps.train.configs import DDP_LION, STREAM, split_local, split_stream
 from lioncub.apps.train.configs import parse as configuration
 from lioncub.files import check_writable
 
 CONFIGS = [(DDP_LION.name, "none", False)] + [(m, "none", False) for m in methods.NAMES] + [
     ("vote-1bit", "every:10", False), ("l1-pbit", "every:10", False)]
 HIER = "+hier"  # the configuration suffix of LionCub's hierarchical layout
-CONFIG_SYNTAX = (f"comma-separated method[@sync][{HIER}], e.g. allreduce,vote-1bit@every:10,vote-1bit{HIER}: "
-                 f"{HIER} runs LionCub's hierarchical layout (nodes of --ranks-per-host ranks: reduce-scatter of the "
-                 "gradients and all-gather of the codes inside a node, the vote across nodes)")
+CONFIG_SYNTAX = (f"comma-separated method[+local:H[:outer][+stream:F[:D]]][@sync][{HIER}], e.g. allreduce,"
+                 f"vote-1bit@every:10,vote-1bit{HIER},vote-1bit+local:25+stream:5: {HIER} runs LionCub's hierarchical "
+                 "layout (nodes of --ranks-per-host ranks: reduce-scatter of the gradients and all-gather of the codes "
+                 "inside a node, the vote across nodes); +local:H H local steps, +stream:F[:D] their outer steps "
+                 "streamed in F fragments, each overlapping D inner steps (default 1)")
 
 
 def _configs(spec: str | None, local_steps: int | None = None, outer: str | None = None) -> list:
-    """(method, momentum sync, hierarchical) for each item of a `method[+local:H[:outer]][@sync][+hier]` list;
-    `method` is a configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here, with
-    its local steps (+local:H, or `local_steps` for every LionCub method without its own) kept in the text."""
+    """(method, momentum sync, hierarchical) for each item of a `method[+local:H[:outer][+stream:F[:D]]][@sync][+hier]`
+    list; `method` is a configuration (lioncub.apps.train.configs: a LionCub method or ddp+lion), checked here,
+    with its local steps (+local:H, or `local_steps` for every LionCub method without its own) and streamed outer
+    steps (+stream:F[:D]) kept in the text."""
     out = []
     for item in spec.split(",") if spec else [f"{m}@{s}" for m, s, _ in CONFIGS]:
         hier = item.endswith(HIER)
@@ -40,6 +43,8 @@ def _configs(spec: str | None, local_steps: int | None = None, outer: str | None
         if H is None and local_steps and not run.plain_lion:
             H, own_outer = local_steps, outer
         local = "" if H is None else f"+local:{H}" + (f":{own_outer}" if own_outer else "")
+        _, F, D = split_stream(method)
+        local += "" if F is None else f"{STREAM}{F}" + ("" if D is None else f":{D}")
         out.append((run.name + local, sync or "none", hier))
     return out
 
@@ -60,7 +65,8 @@ def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
 
     name, local_steps, outer = split_local(method)
     return TrainConfig(**{**SCENARIO, "model": model}, method=name, momentum_sync=sync, steps=steps,
-                       ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer)
+                       ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer,
+                       fragments=split_stream(method)[1], outer_delay=split_stream(method)[2])
 
 
 def _runs(configs, ddp_hook, local_steps=None, outer=None):
@@ -146,7 +152,8 @@ def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks
                               "predicted_step_interval",
                               "params")}, node_bytes_per_step=s.get("node_bytes_per_step", 0),
             **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
-                                     "predicted_nic_bytes_per_step")},
+                                     "predicted_nic_bytes_per_step", "mean_exposed_seconds", "mean_compute_seconds",
+                                     "local_steps", "fragments", "outer_delay")},
             limit_seconds=limit))
         print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
               f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)

@@ -46,6 +46,11 @@ def register(sub) -> None:
                         "--method's codec with error feedback (allreduce: DiLoCo's dense outer all-reduce)")
     p.add_argument("--outer", help="the outer optimizer with --local-steps: avg[:LR[:MU]] (default 1:0), "
                                    "nesterov[:LR[:MU]] (DiLoCo's, 0.7:0.9) or sign[:LR[:MU]]")
+    p.add_argument("--fragments", type=int,
+                   help="with --local-steps: stream the outer steps, the model in F fragments whose exchanges are "
+                        "staggered over the H steps and overlap the next inner steps")
+    p.add_argument("--outer-delay", dest="outer_delay", type=int,
+                   help="with --fragments: inner steps each exchange overlaps before it is applied (default 1)")
     p.add_argument("--hierarchical", action="store_true", default=None,
                    help="LionCub's hierarchical layout: inside each node a reduce-scatter of the gradients and an "
                         "all-gather of the codes, across nodes the vote on shards (compressed methods only)")
@@ -78,7 +83,8 @@ def config_from_args(args):
         if not isinstance(base, dict):
             raise ValueError(f"config file {args.config}: expected a JSON object (from `lioncub autotune --output`)")
         base = base.get("train", base)  # autotune files nest the training options
-    for key in ("model", "data", "amp", "method", "levels", "momentum_sync", "local_steps", "outer", "lr",
+    for key in ("model", "data", "amp", "method", "levels", "momentum_sync", "local_steps", "outer", "fragments",
+                "outer_delay", "lr",
                 "weight_decay", "warmup", "steps", "batch_size", "block_size", "bucket_mb", "overlap", "dense_warmup",
                 "hierarchical", "node_size", "seed", "device", "timing", "checkpoint_dir", "checkpoint_every",
                 "resume"):

@@ -99,9 +99,25 @@ WARMUP = "+warmup:"  # a map cell's dense start: "vote-1bit+warmup:100" runs Tra
 LOCAL = "+local:"
 
 
+# streamed outer steps: "vote-1bit+local:25+stream:5" also runs TrainConfig(fragments=5), "+stream:5:4" also
+# outer_delay=4; after the local steps
+STREAM = "+stream:"
+
+
+def split_stream(text: str) -> tuple[str, int | None, int | None]:
+    """(the configuration without its +stream:F[:D], F or None, D or None)."""
+    head, sep, rest = text.partition(STREAM)
+    if not sep:
+        return text, None, None
+    f, _, d = rest.partition(":")
+    if not f.isdigit() or int(f) < 1 or not (d == "" or d.isdigit()) or LOCAL not in head:
+        raise ValueError(f"{text!r}: streamed outer steps are +local:H[:outer]+stream:F[:D] with F >= 1, D >= 0")
+    return head, int(f), int(d) if d else None
+
+
 def split_local(text: str) -> tuple[str, int | None, str | None]:
-    """(the configuration without its local steps, H or None, the outer optimizer or None)."""
-    head, sep, rest = text.partition(LOCAL)
+    """(the configuration without its local steps (and +stream:F), H or None, the outer optimizer or None)."""
+    head, sep, rest = split_stream(text)[0].partition(LOCAL)
     if not sep:
         return text, None, None
     h, _, outer = rest.partition(":")

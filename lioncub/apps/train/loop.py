@@ -39,6 +39,8 @@ class TrainConfig:
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
     local_steps: int | None = None  # LionCub(local_steps=H): H local steps, then an outer exchange of `method`
     outer: str | None = None  # the outer optimizer with local_steps, "kind[:LR[:MU]]" (default nesterov)
+    fragments: int | None = None  # LionCub(fragments=F): stream the outer steps in F fragments
+    outer_delay: int | None = None  # LionCub(outer_delay=D): inner steps a streamed exchange overlaps
     lr: float | None = None  # None: the model's DEFAULT_LR, the best of a measured sweep
     weight_decay: float = 0.1
     beta1: float = 0.9
@@ -95,6 +97,8 @@ class TrainConfig:
         if self.hierarchical and (not run.compressed or run.wrapper.fsdp):
             raise ValueError("hierarchical applies to the compressed methods without hsdp (which is hierarchical "
                              "by construction)")
+        if (self.fragments is not None or self.outer_delay is not None) and self.local_steps is None:
+            raise ValueError("fragments and outer_delay stream the outer steps of local_steps: give local_steps too")
         if run.wrapper.fsdp and (self.ddp_hook or self.local_steps is not None):
             raise ValueError(f"{self.method}: " + ("ddp_hook does not apply to hsdp" if self.ddp_hook else
                              "local steps on a sharded model are not supported yet"))
@@ -276,7 +280,8 @@ def make_optimizer(cfg: TrainConfig, model):
                    momentum_sync=schedules.parse(cfg.momentum_sync),
                    bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
                    dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
-                   timing=cfg.timing, local_steps=cfg.local_steps, outer=cfg.outer)
+                   timing=cfg.timing, local_steps=cfg.local_steps, outer=cfg.outer, fragments=cfg.fragments,
+                   outer_delay=cfg.outer_delay)
 
 
 def _step_figures(opt, backward_s: float, world: int, fsdp: tuple[int, int] | None = None) -> dict:
@@ -296,6 +301,11 @@ def _step_figures(opt, backward_s: float, world: int, fsdp: tuple[int, int] | No
                 agreement=s.last_agreement)
 
 
+def _outer_delay(opt):
+    stream = getattr(getattr(opt, "local", None), "stream", None)
+    return None if stream is None else stream.D
+
+
 def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
     timed = records[2:] if len(records) > 4 else records  # the first steps allocate and warm caches
 
@@ -308,11 +318,16 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         model=cfg.model, method=cfg.method, ranks=world, params=params, steps=cfg.steps, lr=cfg.lr,
         momentum_sync=cfg.momentum_sync, levels=getattr(opt, "levels", 0) or None,
         local_steps=cfg.local_steps, outer=str(opt.local.outer) if getattr(opt, "local", None) else None,
+        fragments=cfg.fragments, outer_delay=_outer_delay(opt),
         final_loss=eval_loss, train_loss=_mean_over_ranks(statistics.fmean(tail)) if tail else float("nan"),
         step_seconds=med("step_s"), compute_seconds=med("compute_s"), codec_seconds=med("codec_s"),
         comm_seconds=med("comm_s"),
         # the mean includes the periodic momentum syncs the median skips: use it for throughput
         mean_step_seconds=statistics.fmean(r["step_s"] for r in timed) if timed else 0.0,
+        # the mean communication step() and backward waited for (local steps: the outer exchanges' spread over
+        # the steps) beside the mean compute (forward and backward)
+        mean_exposed_seconds=statistics.fmean(r.get("exposed_s", 0.0) for r in timed) if timed else 0.0,
+        mean_compute_seconds=statistics.fmean(r["compute_s"] for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
         # every step's bytes (a dense start's included): what a byte budget counts
         total_bytes_sent=sum(r["bytes_sent"] for r in records),
