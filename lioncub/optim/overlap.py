@@ -21,7 +21,7 @@ backward.
 from __future__ import annotations
 
 import contextlib
-import queue
+import functools
 import threading
 import time
 import weakref
@@ -31,8 +31,9 @@ import torch
 
 from lioncub.comm import settle
 from lioncub.optim.passes import ExchangePass
+from lioncub.optim.worker import Worker
 
-_FLUSH, _STOP = "flush", "stop"
+_FLUSH = "flush"
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for shutdown()
 
 
@@ -69,10 +70,9 @@ class Overlap:
         self.sync_wanted = lambda: True  # under DDP: DDP's require_backward_grad_sync (its no_sync())
         buckets = engine.buckets
         self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in buckets for p in b.params]
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
         self._cuda = buckets.is_cuda
         self._stream = torch.cuda.Stream(device=buckets.device) if self._cuda else None
+        self._worker = Worker(functools.partial(_run, engine_ref=self._engine, stream=self._stream), "lioncub-comm")
         self._pass: _Backward | None = None
 
     # --- hooks (the autograd thread) --------------------------------------------------------------------
@@ -103,14 +103,11 @@ class Overlap:
                 state.events[k] = ev
             state.complete[k] = True
             while state.cursor < len(state.complete) and state.complete[state.cursor]:
-                self._jobs.put((state.cursor, state))
+                self._worker.put((state.cursor, state))
                 state.cursor += 1
 
     def _begin_pass(self, engine) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=_serve, args=(self._jobs, self._engine, self._stream),
-                                            name="lioncub-comm", daemon=True)
-            self._thread.start()
+        if not self._worker.started:
             _LIVE.add(self)
         engine.offer(None)
         n = len(engine.buckets)
@@ -129,8 +126,8 @@ class Overlap:
                 ev = torch.cuda.Event()
                 ev.record()
                 state.events[k] = ev
-            self._jobs.put((k, state))
-        self._jobs.put((_FLUSH, state))
+            self._worker.put((k, state))
+        self._worker.put((_FLUSH, state))
         state.done.wait()
         if self._cuda:
             torch.cuda.current_stream().wait_stream(self._stream)
@@ -147,36 +144,28 @@ class Overlap:
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(_STOP)
-            if join_timeout is not None and thread is not threading.current_thread():
-                thread.join(join_timeout)
+        self._worker.close(join_timeout)
 
     def __del__(self):
         self.close()
 
 
-def _serve(jobs: queue.Queue, engine_ref, stream) -> None:
-    """The communication thread: bucket jobs in the order they were queued, then the pass's control
-    message. It holds no strong reference to the engine, so an optimizer that is dropped is collected."""
-    while True:
-        job = jobs.get()
-        if job == _STOP:
-            return
-        k, state = job
-        engine = engine_ref()
-        if engine is not None and state.error is None:
-            try:  # an error is re-raised by the autograd thread at the end of backward
-                with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                    if k == _FLUSH:
-                        engine.end_pass(state.result)
-                    else:
-                        if state.events[k] is not None:
-                            stream.wait_event(state.events[k])
-                        engine.exchange_bucket(k, state.result, captured=engine.buckets.private and state.complete[k])
-            except BaseException as exc:
-                state.error = exc
-        del engine
-        if k == _FLUSH:
-            state.done.set()
+def _run(job, engine_ref, stream) -> None:
+    """The communication thread's job: a bucket's exchange, or the pass's control message. It holds no strong
+    reference to the engine, so an optimizer that is dropped is collected."""
+    k, state = job
+    engine = engine_ref()
+    if engine is not None and state.error is None:
+        try:  # an error is re-raised by the autograd thread at the end of backward
+            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                if k == _FLUSH:
+                    engine.end_pass(state.result)
+                else:
+                    if state.events[k] is not None:
+                        stream.wait_event(state.events[k])
+                    engine.exchange_bucket(k, state.result, captured=engine.buckets.private and state.complete[k])
+        except BaseException as exc:
+            state.error = exc
+    del engine
+    if k == _FLUSH:
+        state.done.set()

@@ -30,8 +30,8 @@ bit for bit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import numbers
-import queue
 import threading
 import time
 import weakref
@@ -40,8 +40,8 @@ import torch
 import torch.distributed as dist
 
 from lioncub.comm import settle
+from lioncub.optim.worker import Worker
 
-_STOP = object()
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Streaming with a thread, for shutdown()
 
 
@@ -109,16 +109,15 @@ class Streaming:
     """The fragments, their schedule and the communication thread of one LocalSteps (lioncub.optim.local)."""
 
     def __init__(self, local, F: int, D: int):
-        self._thread = None
+        self._cuda = local.engine.buckets.is_cuda  # (the worker first: __del__ closes it if the rest raises)
+        self._stream = torch.cuda.Stream(device=local.engine.buckets.device) if self._cuda else None
+        self._worker = Worker(functools.partial(_run, stream=self._stream), "lioncub-stream")
         self.local, self.F, self.D = local, F, D
         self.fragments = split([b.n for b in local.engine.buckets], F)
         self.offsets = offsets(local.H, F)
         self.pending: list[_Job] = []  # launched, not yet applied, in launch order
         self.launches: list[tuple[int, int]] = []  # (step, fragment) in the order the thread ran them
         self.exposed_s, self.exchanges = 0.0, 0
-        self._jobs: queue.Queue = queue.Queue()
-        self._cuda = local.engine.buckets.is_cuda
-        self._stream = torch.cuda.Stream(device=local.engine.buckets.device) if self._cuda else None
 
     def step(self, t: int) -> tuple[list, float, float]:
         """After inner step t: launch the fragments due at t, then apply those due at t; (collectives, the
@@ -139,11 +138,8 @@ class Streaming:
 
     def _launch(self, f: int, t: int) -> None:
         ex = self.local.exchange
-        if self._thread is None:
+        if not self._worker.started:
             ex.group = _own_group(self.local.engine)
-            self._thread = threading.Thread(target=_serve, args=(self._jobs, self._stream), name="lioncub-stream",
-                                            daemon=True)
-            self._thread.start()
             _LIVE.add(self)
         ex.pseudo_gradients(self.local.anchor, self.fragments[f])
         event = None
@@ -153,12 +149,12 @@ class Streaming:
         job = _Job(f, t, t + self.D, event)
         self.pending.append(job)
         ks = self.fragments[f]
-        self._jobs.put((job, lambda: ex.agree_taken(ks, t), self.launches))
+        self._worker.put((job, lambda: ex.agree_taken(ks, t), self.launches))
 
     def _wait(self, job: _Job) -> float:
         t0 = time.perf_counter()
         while not job.done.wait(1.0):
-            if self._thread is None or not self._thread.is_alive():
+            if not self._worker.alive():
                 raise RuntimeError(f"LionCub: the streaming thread ended before fragment {job.fragment}'s outer "
                                    f"exchange of step {job.step} finished")
         if self._cuda and job.event is not None:  # (a restored job has no event and no stream work)
@@ -193,11 +189,7 @@ class Streaming:
             self.pending.append(job)
 
     def close(self, join_timeout: float | None = None) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._jobs.put(_STOP)
-            if join_timeout is not None and thread is not threading.current_thread():
-                thread.join(join_timeout)
+        self._worker.close(join_timeout)
 
     def __del__(self):
         self.close()
@@ -211,22 +203,17 @@ def _own_group(engine):
     return dist.new_group(ranks=dist.get_process_group_ranks(engine.group))
 
 
-def _serve(jobs: queue.Queue, stream) -> None:
-    """The communication thread: exchanges in launch order; an error is kept on its job, for step() to raise."""
-    while True:
-        item = jobs.get()
-        if item is _STOP:
-            return
-        job, run, launches = item
-        launches.append((job.step, job.fragment))
-        t0 = time.perf_counter()
-        try:
-            with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                if job.event is not None:
-                    stream.wait_event(job.event)
-                job.G, job.collectives = run()
-        except BaseException as exc:
-            job.error = exc
-        job.comm_s = time.perf_counter() - t0
-        del item, run
-        job.done.set()
+def _run(item, stream) -> None:
+    """The communication thread's job: one fragment's exchange; an error is kept on its job, for step() to raise."""
+    job, run, launches = item
+    launches.append((job.step, job.fragment))
+    t0 = time.perf_counter()
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            if job.event is not None:
+                stream.wait_event(job.event)
+            job.G, job.collectives = run()
+    except BaseException as exc:
+        job.error = exc
+    job.comm_s = time.perf_counter() - t0
+    job.done.set()

@@ -91,21 +91,23 @@ def node_scenario(rank, world_size, method, H, outer, steps, node_size, bad=None
                 outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips)
 
 
-def resume_case(rank, world_size, method, H, outer, steps, cut):
-    """Uninterrupted vs saved after `cut` steps and resumed in a fresh optimizer: bit for bit."""
-    params, opt = make(method, H, outer)
+def resume_case(rank, world_size, method, H, outer, steps, cut, **stream):
+    """Uninterrupted vs saved (state_dict) after `cut` steps and resumed in a fresh optimizer: bit for bit.
+    `stream`: fragments= and outer_delay= (then `in_flight`: the exchanges in flight at the cut)."""
+    params, opt = make(method, H, outer, **stream)
     full = run(params, opt, rank, 1, steps)
-    params, opt = make(method, H, outer)
+    params, opt = make(method, H, outer, **stream)
     run(params, opt, rank, 1, cut)
+    in_flight = len(opt.local.stream.pending) if stream else 0
     saved = dict(opt=opt.state_dict(), params=[p.detach().clone() for p in params])
-    params, opt = make(method, H, outer)
+    params, opt = make(method, H, outer, **stream)
     with torch.no_grad():
         for p, v in zip(params, saved["params"]):
             p.copy_(v)
     opt.load_state_dict(saved["opt"])
     resumed = run(params, opt, rank, cut + 1, steps)
     same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
-    return dict(same=same, steps=len(resumed))
+    return dict(same=same, steps=len(resumed), in_flight=in_flight)
 
 
 def no_sync_case(rank, world_size, H):
@@ -294,21 +296,8 @@ def one_fragment_case(rank, world_size, method, H, outer, steps):
 
 
 def stream_resume_case(rank, world_size, method, H, outer, steps, cut, F, delay):
-    """Uninterrupted vs state_dict() after `cut` steps (an exchange in flight) and resumed in a fresh optimizer."""
-    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
-    full = run(params, opt, rank, 1, steps)
-    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
-    run(params, opt, rank, 1, cut)
-    in_flight = len(opt.local.stream.pending)
-    saved = dict(opt=opt.state_dict(), params=[p.detach().clone() for p in params])
-    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
-    with torch.no_grad():
-        for p, v in zip(params, saved["params"]):
-            p.copy_(v)
-    opt.load_state_dict(saved["opt"])
-    resumed = run(params, opt, rank, cut + 1, steps)
-    same = all(torch.equal(a, b) for ra, rb in zip(full[cut:], resumed) for a, b in zip(ra["params"], rb["params"]))
-    return dict(same=same, steps=len(resumed), in_flight=in_flight)
+    """resume_case() with streamed outer steps (an exchange may be in flight at the cut)."""
+    return resume_case(rank, world_size, method, H, outer, steps, cut, fragments=F, outer_delay=delay)
 
 
 def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F, delay):
