@@ -52,6 +52,10 @@ def register(subparsers) -> None:
                    help="average momentum every K steps (0: never)")
     s.add_argument("--local-steps", type=int, default=None, metavar="H",
                    help="LionCub(local_steps=H): the method's exchange of the pseudo-gradients every H steps")
+    s.add_argument("--fragments", type=int, default=None, metavar="F",
+                   help="with --local-steps: the outer exchanges streamed in F fragments (LionCub(fragments=F))")
+    s.add_argument("--outer-delay", type=int, default=None, metavar="D",
+                   help="with --fragments: inner steps each streamed exchange overlaps (default 1 when 1 < F < H)")
     _common(s)
     s.set_defaults(func=_step)
 
@@ -193,7 +197,8 @@ def _step(args) -> int:
     cluster = _cluster(args, args.ranks)
     profile = _profile(args)
     r = simulate_step(cluster, args.method, momentum_sync=args.momentum_sync or None, backend=profile,
-                      exact=args.exact, local_steps=args.local_steps, **_step_kwargs(args))
+                      exact=args.exact, local_steps=args.local_steps, fragments=args.fragments,
+                      outer_delay=args.outer_delay, **_step_kwargs(args))
     if args.json:
         _dump({**r.to_dict(), "cluster": cluster.to_dict()})
         return 0
@@ -201,7 +206,9 @@ def _step(args) -> int:
           + (f", momentum sync every {r.momentum_sync}" if r.momentum_sync else "")
           + (f", hierarchical (nodes of {r.node_size})" if r.hierarchical else "")
           + (f", sharded (HSDP, nodes of {r.node_size})" if r.sharded else "")
-          + (f", local steps: the exchange every {r.local_steps} steps" if r.local_steps else ""))
+          + (f", local steps: the exchange every {r.local_steps} steps" if r.local_steps else "")
+          + (f", streamed in {r.fragments} fragments, each applied {r.outer_delay} steps later" if r.fragments
+             else ""))
     for name, v in (("compute", r.compute_seconds), ("codec", r.codec_seconds),
                     ("optimizer", r.optimizer_seconds), ("communication", r.communication_seconds),
                     ("  of which momentum sync", r.momentum_sync_seconds),

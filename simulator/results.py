@@ -84,3 +84,16 @@ class CollectiveResult:
                 for r, evs in self.timeline.items()
             }
         return d
+
+
+CONTROL = f"control {wire.CONTROL.op}"  # how StepResult.collectives lists the step's control message
+
+
+def tally(colls: list, what: str, alg: str, nbytes, seconds: float, per_step: float = 1.0, count: int = 1) -> None:
+    """Count one more issue of a collective in a StepResult.collectives list (rows by what, size, algorithm)."""
+    for c in colls:
+        if c["what"] == what and c["size_bytes"] == nbytes and c["algorithm"] == alg:
+            c["count"] += count
+            return
+    colls.append({"what": what, "algorithm": alg, "size_bytes": nbytes, "seconds": seconds,
+                  "per_step": per_step, "count": count})

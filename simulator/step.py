@@ -16,11 +16,9 @@ with an fp32 allreduce of all parameters (bucketed the same way) after the updat
 With `overlap=False` every bucket waits for the end of backward, as `LionCub(..., overlap=False)` does (it
 communicates inside step(): the control allreduce first, then the buckets).
 
-Local steps (`local_steps=H`, LionCub(local_steps=H)): every step is compute and a local Lion update; every
-H-th step adds the outer exchange after backward, inside step(): the control message, each bucket's codec and
-collectives in turn (as with overlap=False, the method's collectives of the pseudo-gradients), and the outer
-step's own passes (OUTER_BYTES_PER_PARAM), all exposed and amortized as 1/H per step (not streamed). No
-momentum sync.
+Local steps (`local_steps=H`, LionCub(local_steps=H[, fragments=F, outer_delay=D])): every step is compute and a
+local Lion update; every H steps the outer exchange of the pseudo-gradients, inside step() or streamed in
+fragments on the communication thread; flat or in the node layout (simulator/localsteps.py). No momentum sync.
 
 Kernel times are bytes moved through device memory / `memory_bandwidth`:
   Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
@@ -55,7 +53,7 @@ from dataclasses import dataclass, field
 from lioncub import methods
 from lioncub.comm import wire
 
-from . import contention
+from . import contention, localsteps
 from . import sharded as shard
 from .cluster import Cluster
 from .collectives import (
@@ -70,17 +68,13 @@ from .collectives import (
 )
 from .hosts import HostModel
 from .profiles import get_profile
-from .results import CollectiveResult
+from .results import CONTROL, CollectiveResult
+from .results import tally as _tally
 from .units import parse_byte_rate, parse_count, parse_time
 
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
 DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
 GRAD_DTYPES = ("float32", "bfloat16", "float16")
-CONTROL = f"control {wire.CONTROL.op}"
-# the outer step's passes beyond the codec (lioncub.optim.outer), fp32: the pseudo-gradient (read anchor, p and
-# residual, write delta), its scales (read), the residual (read delta and the local value, write), the decoded
-# update (write, read), the outer momentum (read, write), the anchor (read, write) and the parameters (write)
-OUTER_BYTES_PER_PARAM = 64.0  # how StepResult.collectives lists the step's control message
 
 
 @dataclass
@@ -124,6 +118,8 @@ class StepResult:
     step_interval: tuple[float, float] | None = None
     speedup_interval: tuple[float, float] | None = None
     local_steps: int | None = None  # H: the outer exchange every H steps, amortized per step
+    fragments: int | None = None  # F, D: the outer exchanges streamed in F fragments, each applied D steps later
+    outer_delay: int | None = None
     sharded: bool = False  # the model sharded by FSDP2 inside nodes of node_size ranks (HSDP)
     # fp32 parameters, gradients and momenta each rank holds, and that over an unsharded replica's (12 B/param)
     memory_bytes_per_rank: float = 0.0
@@ -155,8 +151,9 @@ def simulate_step(
     bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
     algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
     backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
-    hierarchical: bool = False, local_steps: int | None = None, sharded: bool = False, units=None,
-    param_dtype: str = "float32", _baseline: bool = True,
+    hierarchical: bool = False, local_steps: int | None = None, fragments: int | None = None,
+    outer_delay: int | None = None, sharded: bool = False, units=None, param_dtype: str = "float32",
+    _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
@@ -176,7 +173,9 @@ def simulate_step(
     exact: simulate every collective rank by rank (see simulate_collective).
     hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
         methods with a codec only). The baseline stays torch DDP's flat allreduce.
-    local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized (see above).
+    local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized (see above); with
+        hierarchical, in the node layout. fragments, outer_delay: F and D, the outer exchanges streamed
+        (LionCub's options of those names; flat only).
     sharded: the model sharded by FSDP2 inside nodes of cluster.gpus_per_node ranks, the method across nodes
         on the shards (HSDP, simulator/sharded.py; a dense method: FSDP2's own HSDP with plain Lion, which is
         then the baseline). units: the FSDP units' parameter counts in forward order, the root first
@@ -196,10 +195,12 @@ def simulate_step(
 
 def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second,
                      tokens_per_step, backend, algorithm, *, grad_dtype, levels, memory_bandwidth, backward_fraction,
-                     overlap, cache, exact, hierarchical, local_steps, _baseline) -> StepResult:
+                     overlap, cache, exact, hierarchical, local_steps, fragments, outer_delay,
+                     _baseline) -> StepResult:
     """simulate_step in the flat and hierarchical layouts (every rank holds the whole model)."""
     meth = methods.get(method)
-    _check_layout(meth, hierarchical, local_steps, momentum_sync)
+    _check_layout(meth, hierarchical)
+    stream = localsteps.check(local_steps, fragments, outer_delay, hierarchical, momentum_sync)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile, cache = get_profile(backend), cache if cache is not None else Cache()
@@ -207,11 +208,19 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
     G, spec = (cluster.gpus_per_node if hierarchical else 0), _step_spec(algorithm)
     # 1. what the buckets, the control message and the momentum sync cost on the wire, each simulated once
     ex = _Exchanges(cluster, profile, meth, spec, cache, exact, levels, grad_dtype, G)
-    # 2. the kernels: forward, backward, codec, Lion update
-    times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype)
+    voters = ex.voters() if local_steps else None  # local steps: the outer exchange's voters, the node's
+    # 2. the kernels: forward, backward, codec (local steps: the voters' outer codec, fp32), Lion update
+    times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype) \
+        if voters is None else _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, voters[0].N, 0,
+                                             levels, "float32")
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
-    step = (t := _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps))["step"]
+    if voters is not None:
+        t = localsteps.local_step(*voters, buckets, P, times, local_steps, stream)
+        t["step"] = _step_seconds(compute, t["tail"], times["optimizer"])
+    else:
+        t = _the_step(ex, meth, buckets, P, times, overlap, K, host, compute)
+    step = t["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
     if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
@@ -229,13 +238,15 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
         collectives=t["collectives"], baseline=base_dict, local_steps=local_steps,
+        fragments=stream and stream[0], outer_delay=stream and stream[1],
     )
 
 
 def _sharded_step(a: dict, units, param_dtype) -> StepResult:
     """simulate_step with sharded=True (simulator/sharded.py); `a`: its other arguments."""
     meth = methods.get(a["method"])
-    shard.check(a["cluster"], meth, a["hierarchical"], a["local_steps"], a["momentum_sync"], param_dtype)
+    shard.check(a["cluster"], meth, a["hierarchical"], a["local_steps"] or a["fragments"], a["momentum_sync"],
+                param_dtype)
     P, K, compute, mem_bw = _check_inputs(a["cluster"], a["params"], a["grad_dtype"], a["bucket_mb"],
                                           a["momentum_sync"], a["backward_fraction"], a["memory_bandwidth"],
                                           a["compute_seconds"], a["flops_per_second"], a["tokens_per_step"])
@@ -279,15 +290,11 @@ def _sharded_baseline(a: dict, cache: Cache, cluster, profile, P, sizes, param_d
     return cache.steps[key]
 
 
-def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute, local_steps=None) -> dict:
-    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py).
-    Local steps (the outer exchange every H steps) are costed by the analytic model only."""
-    if local_steps:
-        t = _local_step(ex, meth, buckets, P, times, overlap, local_steps)
-    elif host is not None:
+def _the_step(ex, meth, buckets, P, times, overlap, K, host, compute) -> dict:
+    """Phase 3: on devices not shared, the analytic model; on a host's shared devices, processes (contention.py)."""
+    if host is not None:
         return _contended(ex, meth, buckets, times, overlap, K, host)
-    else:
-        t = _communicate(ex, meth, buckets, P, times, overlap, K)
+    t = _communicate(ex, meth, buckets, P, times, overlap, K)
     return dict(t, step=_step_seconds(compute, t["tail"], times["optimizer"]))
 
 
@@ -415,6 +422,22 @@ class _Exchanges:
         twin = dataclasses.replace(c, latency=c.latency + extra_latency, intra_latency=c.intra_latency + extra_latency)
         return _Exchanges(twin, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
                           self.grad_dtype, self.G)
+
+    def voters(self) -> tuple[_Exchanges, localsteps.NodeExchanges | None]:
+        """Local steps: the exchanges of the ranks that vote in the outer step (flat: every rank, without the
+        hierarchical collectives; the node layout: local rank 0 of every node, one rank per node on the cross
+        links) and the node's own collectives (None when flat)."""
+        twin = _Exchanges(self.cluster, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
+                          "float32", 0)
+        if not self.G:
+            return twin, None
+        twin.cluster = dataclasses.replace(self.cluster, gpus_per_node=1)
+        twin.N = twin.cluster.ranks
+
+        def simulate(name, colls, nbytes):
+            return simulate_collectives(self.cluster, self.profile, name, colls, self.spec, nbytes, self.cache,
+                                        exact=self.exact, node_size=self.G)
+        return twin, localsteps.NodeExchanges(simulate, self.G)
 
     def momentum_sync(self, e: int) -> CollectiveResult:
         """The fp32 momentum average of a bucket of e parameters (of its shard, in the hierarchical layout)."""
@@ -562,28 +585,9 @@ def _vote_step(ex, buckets, times, K) -> dict:
     return t
 
 
-def _check_layout(meth, hierarchical, local_steps, momentum_sync) -> None:
+def _check_layout(meth, hierarchical) -> None:
     if hierarchical and meth.dense:
         raise ValueError(f"hierarchical is LionCub's layout for the compressed methods, not {meth.name!r}")
-    if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
-                                    or local_steps < 1 or hierarchical or momentum_sync):
-        raise ValueError("local_steps must be an int >= 1, without hierarchical or momentum_sync")
-
-
-def _local_step(ex, meth, buckets, P, times, overlap, H) -> dict:
-    """Local steps: the outer exchange after backward every H steps (_vote_step's sequence without momentum
-    sync, plus the outer step's passes), amortized as 1/H per step; nothing overlaps (`_communicate`'s
-    arguments; `meth` and `overlap` are not needed)."""
-    if ex.N == 1:
-        return dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
-    t = _vote_step(ex, buckets, times, None)
-    t["codec"] += OUTER_BYTES_PER_PARAM * P / times["codec_bw"]
-    for key in ("codec", "comm", "exposed", "sent", "nic"):
-        t[key] /= H
-    t["tail"] = [t["codec"], t["comm"]]
-    for c in t["collectives"]:
-        c["per_step"] = 1 / H
-    return t
 
 
 def _add_momentum_sync(t: dict, ex, buckets, K) -> None:
@@ -602,15 +606,6 @@ def _add_momentum_sync(t: dict, ex, buckets, K) -> None:
     t["tail"].append(t["msync"])
     t["sent"] += bytes_ / K
     t["nic"] += nic / K
-
-
-def _tally(colls, what, alg, nbytes, seconds, per_step=1.0, count=1):
-    for c in colls:
-        if c["what"] == what and c["size_bytes"] == nbytes and c["algorithm"] == alg:
-            c["count"] += count
-            return
-    colls.append({"what": what, "algorithm": alg, "size_bytes": nbytes, "seconds": seconds,
-                  "per_step": per_step, "count": count})
 
 
 def _step_spec(algorithm) -> dict:

@@ -28,8 +28,8 @@ def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env):
         buf = io.BytesIO()
         torch.save(result, buf)
         queue.put((rank, True, buf.getvalue()))
-    except BaseException:
-        queue.put((rank, False, traceback.format_exc()))
+    except BaseException as exc:
+        queue.put((rank, False, (traceback.format_exc(), isinstance(exc, ValueError), str(exc))))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -37,6 +37,19 @@ def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env):
 
 class SpawnError(RuntimeError):
     pass
+
+
+class RankInputError(SpawnError, ValueError):
+    """A rank rejected its input (raised ValueError): lioncub's commands report it in one line, as bad input.
+    `traceback` is the rank's."""
+
+    def __init__(self, rank: int, message: str, tb: str):
+        super().__init__(f"rank {rank}: {message}")
+        self.traceback = tb
+
+
+def _failure(rank: int, tb: str, bad_input: bool, message: str) -> SpawnError:
+    return RankInputError(rank, message, tb) if bad_input else SpawnError(f"rank {rank} failed:\n{tb}")
 
 
 def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
@@ -88,7 +101,7 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeo
                 continue
             if not ok:
                 if not allow_failures:
-                    raise SpawnError(f"rank {rank} failed:\n{payload}")
+                    raise _failure(rank, *payload)
                 failed.add(rank)
                 continue
             results[rank] = torch.load(io.BytesIO(payload), weights_only=False)

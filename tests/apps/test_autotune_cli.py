@@ -183,6 +183,9 @@ def test_calibration_file_is_used(tmp_path, capsys):
     (["--model", "mlp", *SLOW, "--output", "/nonexistent/dir/cfg.json"], "--output /nonexistent/dir/cfg.json: no such"),
     (["--model", "mlp", *SLOW, "--output", "/"], "is a directory"),
     (["--model", "mlp", *SLOW, "--memory-per-rank", "lots"], "malformed size"),
+    (["--model", "mlp", *SLOW, "--local-steps", "0"], "local steps must be positive integers"),
+    (["--model", "mlp", *SLOW, "--local-steps", "ten"], "--local-steps: not an integer"),
+    (["--model", "mlp", *SLOW, "--local-steps", "10", "--fragments", "x"], "--fragments: not an integer"),
 ])
 def test_bad_input_is_a_clear_error(argv, match, capsys):
     assert main(["autotune", *argv]) == 2

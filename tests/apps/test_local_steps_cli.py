@@ -82,3 +82,14 @@ def test_lioncub_train_fragments_stream_the_outer_steps(tmp_path):
     assert _cfg("vote-1bit+local:25+stream:5", "none", 10, "char-tiny").fragments == 5
     cfg = _cfg(_configs("allreduce+local:25+stream:5:4")[0][0], "none", 10, "char-tiny")
     assert (cfg.local_steps, cfg.fragments, cfg.outer_delay) == (25, 5, 4)
+
+
+def test_a_rank_rejecting_its_options_is_a_one_line_error(capsys):
+    """The options only the ranks can check (fragments against the model's buckets) come back as bad input."""
+    from lioncub.cli import main
+
+    assert main(["train", "--model", "mlp", "--ranks", "2", "--steps", "2", "--local-steps", "4",
+                 "--fragments", "4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("lioncub: error: rank ") and "more than the optimizer's 1 buckets" in err
+    assert "Traceback" not in err and err.count("\n") == 1

@@ -77,9 +77,19 @@ def test_momentum_interval_and_prediction():
                          overlap=False, levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype)
     got = predict_step(plain, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
     assert got.buckets == want.buckets == 1 and got.step_seconds == want.step_seconds
-    with pytest.raises(NotImplementedError, match="local steps in the node layout"):
-        predict_step(dataclasses.replace(cfg, local_steps=4, hierarchical=True, node_size=2), 3_220_480, 0.1,
-                     ranks=4, bandwidth="100Mbit", ranks_per_host=2)
+    # local steps, in the node layout and streamed: LionCub's automatic buckets, its options
+    from lioncub.comm.wire import auto_bucket_mb
+
+    for extra, per_host in [(dict(local_steps=4, hierarchical=True, node_size=2), 2),
+                            (dict(local_steps=10, fragments=5, outer_delay=1), 1)]:
+        got = predict_step(dataclasses.replace(cfg, **extra), 3_220_480, 0.1, ranks=4, bandwidth="100Mbit",
+                           ranks_per_host=per_host)
+        kw = {k: v for k, v in extra.items() if k != "node_size"}
+        want = simulate_step(Cluster.for_ranks(4, per_host, bandwidth="100Mbit", latency=0.0), "vote-1bit",
+                             3_220_480, None, auto_bucket_mb(4 * 3_220_480), 0.1, backend=default_lab_profile(),
+                             levels=cfg.levels, grad_dtype=cfg.grad_wire_dtype, **kw)
+        assert got.step_seconds == want.step_seconds and got.local_steps == extra["local_steps"]
+        assert got.hierarchical == bool(extra.get("hierarchical")) and got.fragments == extra.get("fragments")
 
 
 def test_convergence_bench_checks_its_plot_path_first(capsys):

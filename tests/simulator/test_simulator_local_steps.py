@@ -4,7 +4,8 @@ one by one."""
 
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step
-from lioncub.simulator.step import OUTER_BYTES_PER_PARAM, UPDATE_BYTES_PER_PARAM
+from lioncub.simulator.localsteps import OUTER_BYTES_PER_PARAM
+from lioncub.simulator.step import UPDATE_BYTES_PER_PARAM
 
 from lioncub import methods
 from lioncub.comm import wire
@@ -45,3 +46,83 @@ def test_local_steps_are_checked_and_free_on_one_rank():
         simulate_step(cluster, "vote-1bit", local_steps=4, momentum_sync=10, **STEP)
     one = simulate_step(Cluster(nodes=1, bandwidth="10Mbit"), "vote-1bit", local_steps=4, **STEP)
     assert one.communication_seconds == 0 and one.bytes_sent_per_rank == 0
+
+
+def test_streamed_waits_are_what_each_fragment_outlasts_its_delay():
+    """stream_waits' timeline against the closed form: with D * F < H every fragment is applied before the next
+    one's exchange can start, so step() waits max(0, busy_f - D x inner) for each fragment, once per interval."""
+    from lioncub.simulator.localsteps import stream_waits
+
+    from lioncub.comm import stagger
+
+    for H, F, D, inner, busy in [(4, 2, 1, 1.0, [1.5, 0.5]), (25, 5, 1, 0.1, [0.3, 0.05, 0.2, 0.1, 0.25]),
+                                 (25, 5, 4, 0.1, [0.5] * 5), (10, 1, 0, 0.2, [3.0]), (7, 3, 2, 1.0, [2.5, 0.1, 9.0]),
+                                 (5, 2, 2, 1.0, [4.0, 4.0])]:
+        want = sum(max(0.0, b - D * inner) for b in busy)
+        assert stream_waits(H, stagger.offsets(H, F), D, inner, busy) == pytest.approx(want, abs=1e-12), (H, F, D)
+
+
+@pytest.mark.parametrize("bandwidth", ["10Mbit", "10Gbit"])
+def test_streamed_outer_steps_hide_what_the_delay_covers(bandwidth):
+    """F = 1 with D = 0 is the unstreamed step; F fragments with delay D expose only what each fragment's exchange
+    outlasts D inner steps (codec on the thread: the ideal backend's devices are not the computing cores)."""
+    cluster, H, F, D = Cluster(nodes=4, bandwidth=bandwidth, latency="30us"), 20, 4, 2
+    P = 2**20
+    step = dict(STEP, params=P, bucket_mb=1.0)  # four buckets of 1 MiB
+    plain = simulate_step(cluster, "vote-1bit", local_steps=H, **step)
+    one = simulate_step(cluster, "vote-1bit", local_steps=H, fragments=1, outer_delay=0, **step)
+    assert one.step_seconds == pytest.approx(plain.step_seconds, rel=1e-12)
+    assert one.bytes_sent_per_rank == pytest.approx(plain.bytes_sent_per_rank, rel=1e-12)
+    r = simulate_step(cluster, "vote-1bit", local_steps=H, fragments=F, outer_delay=D, **step)
+    assert (r.fragments, r.outer_delay) == (F, D)
+    meth = methods.get("vote-1bit")
+    bucket = [simulate_collective(cluster, c.op, "auto", c.nbytes, backend="ideal")
+              for c in meth.collectives(P // 4, 4, 0)]
+    control = simulate_collective(cluster, wire.CONTROL.op, "auto", wire.CONTROL.nbytes, backend="ideal")
+    codec = meth.codec_bytes_per_element(4, 0) * (P // 4) / MEM
+    busy = control.seconds + codec + sum(p.seconds for p in bucket)
+    inner = 0.01 + UPDATE_BYTES_PER_PARAM * P / MEM + OUTER_BYTES_PER_PARAM * P / MEM / H
+    assert r.exposed_communication_seconds == pytest.approx(F * max(0.0, busy - D * inner) / H, rel=1e-9)
+    assert r.communication_seconds == pytest.approx(F * (busy - codec) / H, rel=1e-9)
+    assert r.step_seconds <= plain.step_seconds
+    assert r.bytes_sent_per_rank == pytest.approx(plain.bytes_sent_per_rank + 3 * control.bytes_sent_per_rank / H,
+                                                  rel=1e-9)
+
+
+def test_local_steps_in_the_node_layout():
+    """hierarchical=True: every step the node's fp32 all-reduce of each bucket; every H steps local rank 0 of each
+    node votes across the nodes (one voter per NIC) and broadcasts the flag and the agreed update in the node."""
+    from lioncub.simulator.localsteps import NODE_BROADCAST, NODE_MEAN
+
+    cluster, H = Cluster(nodes=3, gpus_per_node=2, bandwidth="10Mbit", latency="30us"), 10
+    r = simulate_step(cluster, "vote-1bit", local_steps=H, hierarchical=True, **STEP)
+    node = Cluster(nodes=1, gpus_per_node=2, bandwidth="10Mbit", latency="30us")
+    cross = Cluster(nodes=3, bandwidth="10Mbit", latency="30us")
+    meth = methods.get("vote-1bit")
+    mean = simulate_collective(node, "allreduce", "auto", 4 * E, backend="ideal")
+    votes = [simulate_collective(cross, c.op, "auto", c.nbytes, backend="ideal") for c in meth.collectives(E, 3, 0)]
+    control = simulate_collective(cross, wire.CONTROL.op, "auto", wire.CONTROL.nbytes, backend="ideal")
+    bcast = [simulate_collective(node, "allgather", "auto", n, backend="ideal") for n in (4, 4 * E)]
+    outer = control.seconds + sum(v.seconds for v in votes) + sum(b.seconds for b in bcast)
+    assert r.exposed_communication_seconds == pytest.approx(mean.seconds + outer / H, rel=1e-9)
+    assert r.nic_bytes_per_node == pytest.approx((control.nic_bytes_per_node
+                                                  + sum(v.nic_bytes_per_node for v in votes)) / H, rel=1e-9)
+    assert {c["what"] for c in r.collectives} == {NODE_MEAN, NODE_BROADCAST, "control allreduce", "vote-1bit"}
+    codec = (meth.codec_bytes_per_element(3, 0) + OUTER_BYTES_PER_PARAM) * E / MEM / H
+    assert r.step_seconds == pytest.approx(0.01 + UPDATE_BYTES_PER_PARAM * E / MEM + codec + mean.seconds + outer / H,
+                                           rel=1e-9)
+    flat = simulate_step(cluster, "vote-1bit", local_steps=H, **STEP)
+    assert r.nic_bytes_per_node < flat.nic_bytes_per_node  # one voter per node instead of two
+
+
+def test_streaming_options_are_checked_as_lioncub_checks_them():
+    cluster = Cluster(nodes=4, bandwidth="10Mbit")
+    for kw, msg in [(dict(fragments=2), "only with local_steps"), (dict(local_steps=4, outer_delay=1), "only with"),
+                    (dict(local_steps=4, fragments=5), r"fragments must be an int in \[1, local_steps=4\]"),
+                    (dict(local_steps=4, fragments=2, outer_delay=2), "outer_delay must be"),
+                    (dict(local_steps=4, fragments=2, hierarchical=True), "hierarchical")]:
+        with pytest.raises(ValueError, match=msg):
+            simulate_step(Cluster(nodes=2, gpus_per_node=2) if "hierarchical" in kw else cluster, "vote-1bit",
+                          **kw, **STEP)
+    with pytest.raises(ValueError, match="more than the optimizer's 1 buckets"):
+        simulate_step(cluster, "vote-1bit", local_steps=4, fragments=2, **STEP)

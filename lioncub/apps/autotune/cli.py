@@ -37,14 +37,14 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
                  other_layout: dict | None = None) -> str:
     """One row per configuration; `other_layout` maps a row's index to the same configuration in the other
     layout (flat <-> hierarchical), whose step time is a column."""
-    head = ["#", "method", "levels", "momentum sync", "bucket", "layout", "algorithms", "step", "speedup",
+    head = ["#", "method", "levels", "sync / local", "bucket", "layout", "algorithms", "step", "speedup",
             "run", "bytes/step", "memory", "risk"]
     if other_layout is not None:
         head.insert(8, "other layout")
     body = []
     for i, c in enumerate(rows, 1):
         row = [f"{i}{'*' if c is recommended else ''}", c.method, str(c.levels or "-"),
-               "-" if c.dense else c.momentum_sync, f"{c.bucket_mb:g} MiB", c.layout,
+               c.sync_label, f"{c.bucket_mb:.3g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                f"{c.run_speedup:.2f}x" + (f" ({c.dense_steps} dense)" if c.dense_steps else ""),
                format_size(c.bytes_per_step), f"{c.memory_fraction:.2f}", f"{c.risk['level']} {c.risk['score']:.2f}"]
@@ -160,6 +160,12 @@ def _search_arguments(s) -> None:
     s.add_argument("--memory-per-rank", metavar="BYTES",
                    help="device memory each rank has for fp32 parameters, gradients and momenta (e.g. 40GiB): "
                         "configurations that need more are not ranked (the sharded layout needs 1/G of a replica's)")
+    s.add_argument("--local-steps", default="measured", metavar="measured|none|H[,H...]",
+                   help="also search LionCub(local_steps=H): measured (the configurations whose loss has been "
+                        "measured; their risk is that loss), none, or intervals H to try with every method and "
+                        "layout (their risk: the worst measured local-step loss) (default measured)")
+    s.add_argument("--fragments", metavar="F[,F...]",
+                   help="with --local-steps H,...: also each H streamed in F fragments (LionCub(fragments=F))")
     s.add_argument("--no-overlap", action="store_true",
                    help="simulate allreduce as LionCub(method='allreduce') runs it, after backward (default: "
                         "overlapped with backward, as DDP does)")
@@ -284,7 +290,20 @@ def _search(args, st: _Setup) -> SearchResult:
                   methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
                   overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
-                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr, memory_per_rank=args.memory_per_rank)
+                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr, memory_per_rank=args.memory_per_rank,
+                  local_steps=_local_steps(args.local_steps), fragments=_csv(args.fragments, _int, "--fragments") or ())
+
+
+def _local_steps(text):
+    name = str(text).strip().lower()
+    return name if name in ("measured", "none") else _csv(text, _int, "--local-steps")
+
+
+def _int(t):
+    try:
+        return int(t)
+    except ValueError:
+        raise ValueError(f"not an integer: {t!r}") from None
 
 
 def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate | None) -> None:
@@ -303,7 +322,9 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
     sp = result.space
     say(f"search   {len(sp['methods'])} methods x l1 levels {sp['l1_levels']} x buckets "
         f"{', '.join(f'{b:g}' for b in sp['bucket_mb'])} MiB x layouts {'/'.join(sp['layouts'])} x "
-        f"{len(sp['momentum_syncs'])} sync schedules over a {st.steps}-step run: {len(result.candidates)} "
+        f"{len(sp['momentum_syncs'])} sync schedules"
+        + (f", and {len(sp['local_steps'])} with local steps" if sp.get("local_steps") else "")
+        + f" over a {st.steps}-step run: {len(result.candidates)} "
         f"configurations in {result.seconds:.2f} s ({result.collectives_simulated} collectives simulated)")
     levels = dict(RISK_LEVELS)
     name = str(args.max_risk).strip().lower()

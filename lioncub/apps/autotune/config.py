@@ -81,7 +81,12 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
     if c.layout == "sharded":  # (LionCub takes its buckets from FSDP's units there: no bucket_mb)
         train.update(method=f"hsdp+{c.method}", node_size=cluster.gpus_per_node)
         del opt["bucket_mb"], train["bucket_mb"]
-    warmup = 0 if c.dense else dense_warmup_for(c.risk["level"], steps)  # the guard's own start may be longer
+    if c.local_steps:  # (LionCub's default outer optimizer, avg, is the one measured; no dense warm-up with them)
+        opt["local_steps"] = train["local_steps"] = c.local_steps
+        if c.fragments:
+            opt["fragments"] = train["fragments"] = c.fragments
+            opt["outer_delay"] = train["outer_delay"] = c.outer_delay
+    warmup = 0 if c.dense or c.local_steps else dense_warmup_for(c.risk["level"], steps)  # (the guard's may be longer)
     if warmup:
         opt["dense_warmup"] = train["dense_warmup"] = warmup
     if model.builtin:

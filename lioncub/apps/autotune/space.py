@@ -16,6 +16,7 @@ from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
 from lioncub.simulator.step import DDP_BUCKET_MB
 from lioncub.simulator.units import format_size, format_time, parse_byte_rate, parse_size
 
+from . import local_evidence
 from .risk_rule import MEASURED_AT, _sync_steps, dense_warmup_for, risk
 
 # ---------------------------------------------------------------------------------------------------------
@@ -101,6 +102,11 @@ class Candidate:
     memory_bytes_per_rank: float = 0.0
     memory_fraction: float = 1.0
     fits: bool = True
+    # LionCub(local_steps=H[, fragments=F, outer_delay=D]): the outer exchange every H steps (streamed in F
+    # fragments), its risk the measured one (local_evidence.py)
+    local_steps: int | None = None
+    fragments: int | None = None
+    outer_delay: int | None = None
 
     @property
     def dense(self) -> bool:
@@ -133,11 +139,21 @@ class Candidate:
             out += ", sync:" + short(algs["momentum-sync"])
         return out
 
+    @property
+    def sync_label(self) -> str:
+        """The momentum sync, or the local steps as `lioncub bench`'s configurations write them."""
+        if self.local_steps:
+            return f"local:{self.local_steps}" + (f"+stream:{self.fragments}:{self.outer_delay}" if self.fragments
+                                                  else "")
+        return "-" if self.dense else self.momentum_sync
+
     def label(self) -> str:
         s = self.method + (f" s={self.levels}" if self.levels else "")
-        if not self.dense:
+        if self.local_steps:
+            s += f", {self.sync_label}"
+        elif not self.dense:
             s += f", sync {self.momentum_sync}"
-        return s + f", {self.bucket_mb:g} MiB, {self.layout}"
+        return s + f", {self.bucket_mb:.3g} MiB, {self.layout}"
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -174,8 +190,8 @@ class SearchResult:
 
     def twin(self, c: Candidate, layout: str) -> Candidate | None:
         """The same configuration with another collective layout."""
-        return next((x for x in self.candidates if x.layout == layout and (x.method, x.levels, x.momentum_sync,
-                     x.bucket_mb) == (c.method, c.levels, c.momentum_sync, c.bucket_mb)), None)
+        key = lambda x: (x.method, x.levels, x.momentum_sync, x.bucket_mb, x.local_steps, x.fragments)
+        return next((x for x in self.candidates if x.layout == layout and key(x) == key(c)), None)
 
 
 def _profile_for(profile: BackendProfile, algorithms: str) -> BackendProfile:
@@ -190,7 +206,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
            progress: bool = False, batch_size: int | None = None, lr: float | None = None,
-           tuned_lr: float | None = None, memory_per_rank=None) -> SearchResult:
+           tuned_lr: float | None = None, memory_per_rank=None, local_steps=None, fragments=()) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
@@ -207,6 +223,9 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
         only), "all" (every algorithm the simulator models, every layout).
     memory_per_rank: bytes (or '40GiB') each rank has for the fp32 parameters, gradients and momenta; a
         configuration that needs more is never ranked (None: no bound).
+    local_steps: also search LionCub(local_steps=H): "measured" (the configurations whose loss was measured,
+        local_evidence.py), a list of H (each method, each layout, not streamed and streamed in each of
+        `fragments`), or None. Their risk is the measured loss excess (the worst measured one where none was).
 
     Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
     step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
@@ -220,6 +239,9 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     base = simulate_step(cluster, registry.BASELINE, params, None, BASELINE_BUCKET_MB, **step_kw)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
+    locals_ = _local_space(space, local_steps, fragments)
+    cands += [c for key in locals_ if (c := _local_candidate(cluster, params, key, step_kw, base.step_seconds))]
+    space["local_steps"] = [list(k) for k in locals_]
     if memory_per_rank is not None:
         limit = parse_size(memory_per_rank)
         if not limit > 0:
@@ -266,6 +288,44 @@ def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, 
     l1_levels = {lay: _l1_levels(N if lay == "flat" else cluster.nodes, levels) for lay in layouts}
     return dict(ranks=N, node_size=cluster.gpus_per_node, methods=methods, l1_levels=l1_levels["flat"],
                 bucket_mb=buckets, layouts=layouts, momentum_syncs=scheds, l1_levels_by_layout=l1_levels)
+
+
+def _local_space(space: dict, local_steps, fragments) -> list[tuple[str, str, int, int | None]]:
+    """The local-step configurations to search: (method, layout, H, fragments or None)."""
+    if local_steps is None or local_steps == "none" or space["ranks"] == 1:
+        return []
+    layouts = [lay for lay in space["layouts"] if lay != "sharded"]  # (LionCub: no local steps on sharded models)
+    if local_steps == "measured":
+        return local_evidence.configurations(space["methods"], layouts)
+    for name, values in (("local steps", local_steps), ("fragments", fragments)):
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
+            raise ValueError(f"{name} must be positive integers, got {list(values)!r}")
+    return [(m, lay, H, F) for m in space["methods"] for lay in layouts
+            if lay == "flat" or not registry.get(m).dense for H in local_steps
+            for F in [None, *(f for f in fragments if f <= H and lay == "flat")]]
+
+
+def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | None:
+    """One local-step configuration in LionCub's automatic buckets (None where it cannot run: more fragments
+    than buckets)."""
+    m, lay, H, F = key
+    bucket = wire.auto_bucket_mb(4 * params)
+    try:
+        r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F,
+                          hierarchical=lay == "hierarchical", **step_kw)
+    except ValueError as exc:
+        if "more than the optimizer's" in str(exc):
+            return None
+        raise
+    step = r.step_seconds
+    return Candidate(
+        method=m, levels=None, momentum_sync="none", bucket_mb=bucket, layout=lay, step_seconds=step,
+        compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds, optimizer_seconds=r.optimizer_seconds,
+        communication_seconds=r.communication_seconds, exposed_communication_seconds=r.exposed_communication_seconds,
+        momentum_sync_seconds=0.0, bytes_per_step=r.bytes_sent_per_rank, speedup=base_step / step,
+        syncs_per_step=0.0, collectives=r.collectives, risk=local_evidence.local_risk(m, lay, H, F),
+        run_step_seconds=step, run_speedup=base_step / step, memory_bytes_per_rank=r.memory_bytes_per_rank,
+        memory_fraction=r.memory_fraction, local_steps=H, fragments=r.fragments, outer_delay=r.outer_delay)
 
 
 def _l1_levels(voters: int, levels: int | None) -> list[int]:
@@ -419,9 +479,13 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
         return None, ("no configuration is within --max-risk: raise it, or keep allreduce (risk 0) in --methods")
     pool = result.recommendable
     best = pool[0]
-    ar = next((c for c in pool if c.dense), None)
+    ar = next((c for c in pool if c.dense and not c.local_steps), None)
     if result.space.get("ranks") == 1:
         verdict = "one rank: nothing is communicated and every method is plain Lion. Use allreduce."
+    elif best.local_steps:
+        ref = f" ({ar.run_step_seconds / best.run_step_seconds:.2f}x the best-tuned allreduce)" if ar else ""
+        verdict = (f"local steps pay: {best.label()} is {best.speedup:.2f}x the default allreduce step{ref}, "
+                   f"{best.risk['level']} convergence risk ({best.risk['score']:.2f}): loss {best.risk['evidence']}.")
     elif best.dense:
         verdict = (f"compression does not pay here: the allreduce baseline is fastest "
                    f"({format_time(best.step_seconds)}/step: its communication hides behind backward as well as "
@@ -439,6 +503,11 @@ def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidat
                    + (f" ({ref:.2f}x the best-tuned allreduce)" if ref else "") + start
                    + f", {best.risk['level']} convergence risk ({best.risk['score']:.2f}).")
     notes = _layout_notes(result, best)
+    local = next((c for c in result.candidates if c.local_steps and c.fits and c not in result.ranked), None)
+    if local is not None and local.run_step_seconds < best.run_step_seconds:
+        gain = best.run_step_seconds / local.run_step_seconds
+        notes.append(f"local steps ({local.label()}) are forecast {gain:.2f}x faster, but over --max-risk: loss "
+                     f"{local.risk['evidence']} (--max-risk high accepts it)")
     if notes:
         verdict += " Note: " + "; ".join(notes) + "."
     return best, verdict

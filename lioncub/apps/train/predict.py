@@ -31,6 +31,10 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
                                       f"{cfg.node_size}")
         layout["sharded" if run.wrapper.fsdp else "hierarchical"] = True
 
+    if getattr(cfg, "local_steps", None):
+        if run.wrapper.fsdp:
+            raise NotImplementedError("local steps do not run on sharded models")
+        layout.update(local_steps=cfg.local_steps, fragments=cfg.fragments, outer_delay=cfg.outer_delay)
     if profile is None:
         from lioncub.apps.calibrate import default_lab_profile
 
@@ -53,10 +57,6 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
         if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.runs)
             bucket_mb = max(bucket_mb, STEP_RUN_MB)
-    if getattr(cfg, "local_steps", None):
-        if layout:
-            raise NotImplementedError("the simulator does not cost local steps in the node layout yet")
-        layout["local_steps"] = cfg.local_steps
     layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
                          levels=cfg.levels, overlap=overlap, **layout)

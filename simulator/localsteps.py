@@ -1,0 +1,185 @@
+"""Local steps in the step model: LionCub(local_steps=H), streamed (fragments=F, outer_delay=D) or not, flat or in
+the node layout (hierarchical=True).
+
+Every step is compute and a local Lion update. In the node layout every step also averages the gradients inside
+the node first (an fp32 all-reduce of each bucket among the node's G ranks, in step(): exposed), and only local
+rank 0 of every node votes, one voter per node on the cross links, then broadcasts the voted flag and the agreed
+update inside its node.
+
+The outer exchange of a set of buckets is what lioncub.optim.outer issues: one small all-gather among the voters
+(the non-finite flag and the scales: costed as the step's control message), then each bucket's codec and the
+method's collectives for the voters, one after another; the outer step's own passes (OUTER_BYTES_PER_PARAM) run
+on the main thread.
+
+* Not streamed: every H-th step runs the whole model's exchange inside step(), all exposed, amortized as 1/H.
+* Streamed: the buckets are cut into F fragments (lioncub.comm.stagger, as the optimizer cuts them); fragment f's
+  exchange is queued at its offset in the interval on one communication thread (first in, first out) and
+  step() waits for it D inner steps later. The exposed time is what those waits add, from a timeline of the
+  main thread (inner steps) and the thread (the exchanges) run until it repeats. On hosts where the codec runs on
+  the computing cores (codec_on_compute: CPU ranks) the thread's codec lengthens the inner steps instead.
+
+A node broadcast is costed as an all-gather of the same output inside the node (the simulator's primitives
+have no broadcast; a pipelined broadcast and a ring all-gather move about the same bytes per link).
+"""
+
+from __future__ import annotations
+
+from lioncub.comm import stagger, wire
+
+from .results import CONTROL, tally
+
+# the outer step's passes beyond the codec (lioncub.optim.outer), fp32: the pseudo-gradient (read anchor, p and
+# residual, write delta), its scales (read), the residual (read delta and the local value, write), the decoded
+# update (write, read), the outer momentum (read, write), the anchor (read, write) and the parameters (write)
+OUTER_BYTES_PER_PARAM = 64.0
+NODE_MEAN = "node mean allreduce"  # how StepResult.collectives lists the node layout's inner all-reduce
+NODE_BROADCAST = "node broadcast"  # ... and the leader's broadcasts of the outer step inside the node
+
+
+def check(local_steps, fragments, outer_delay, hierarchical: bool, momentum_sync) -> tuple[int, int] | None:
+    """(F, D) of a streamed configuration, None otherwise; one-line errors as LionCub's."""
+    if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
+                                    or local_steps < 1 or momentum_sync):
+        raise ValueError("local_steps must be an int >= 1, without momentum_sync")
+    if fragments is None:
+        if outer_delay is not None:
+            raise ValueError("outer_delay applies only with fragments (streamed outer steps)")
+        return None
+    if local_steps is None:
+        raise ValueError("fragments applies only with local_steps=H (it streams the outer steps of local steps)")
+    H = local_steps
+    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= H:
+        raise ValueError(f"fragments must be an int in [1, local_steps={H}], got {fragments!r}")
+    D = stagger.default_delay(H, fragments) if outer_delay is None else outer_delay
+    if isinstance(D, bool) or not isinstance(D, int) or not 0 <= D * fragments < H:
+        raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {H}/{fragments}, "
+                         f"got {outer_delay!r}")
+    if hierarchical:
+        raise ValueError("fragments (streamed outer steps) does not combine with hierarchical=True, as in LionCub")
+    return fragments, D
+
+
+class NodeExchanges:
+    """The node layout's collectives inside one node (every node alike): the inner mean, the outer broadcasts.
+    `simulate(name, colls, nbytes)` is simulate_collectives on the cluster with node_size G."""
+
+    def __init__(self, simulate, G: int):
+        self.simulate, self.G, self.memo = simulate, G, {}
+
+    def mean(self, e: int):
+        if ("mean", e) not in self.memo:
+            self.memo["mean", e] = self.simulate(NODE_MEAN, [wire.Collective("allreduce", 4 * e, "float32", "node")],
+                                                 4 * e)
+        return self.memo["mean", e]
+
+    def broadcast(self, nbytes: int):
+        if ("bcast", nbytes) not in self.memo:
+            self.memo["bcast", nbytes] = self.simulate(
+                NODE_BROADCAST, [wire.Collective("allgather", nbytes, "float32", "node")], nbytes)
+        return self.memo["bcast", nbytes]
+
+
+def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict, H: int,
+               stream: tuple[int, int] | None = None) -> dict:
+    """The step's parts (step.py's `_communicate` keys), per step. voters: the exchanges of the voting ranks
+    (step.py's _Exchanges: the world flat, one rank per node in the node layout); buckets: (elements, count)
+    runs; times: step.py's kernel times (the codec for the voters); stream: (F, D) or None."""
+    t = dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
+    if node is not None:
+        _inner_node_mean(t, node, buckets)
+    sizes = [e for e, k in buckets for _ in range(k)]
+    if voters.N == 1 and node is None:
+        return t
+    passes = OUTER_BYTES_PER_PARAM * P / times["codec_bw"]
+    if stream is None:
+        ex = _exchange(voters, node, sizes, times, t["collectives"], 1 / H)
+        t["codec"] += (ex["codec"] + passes) / H
+        t["comm"] += ex["comm"] / H
+        t["exposed"] += ex["comm"] / H
+        t["tail"] += [(ex["codec"] + passes) / H, ex["comm"] / H]
+    else:
+        ex = _streamed(t, voters, sizes, times, H, *stream, passes)
+    t["sent"] += ex["sent"] / H
+    t["nic"] += ex["nic"] / H
+    return t
+
+
+def _inner_node_mean(t: dict, node: NodeExchanges, buckets) -> None:
+    """Every step: each bucket's fp32 all-reduce inside the node, in step() after backward (exposed)."""
+    for e, k in buckets:
+        r = node.mean(e)
+        t["comm"] += k * r.seconds
+        t["exposed"] += k * r.seconds
+        t["sent"] += k * r.bytes_sent_per_rank
+        tally(t["collectives"], NODE_MEAN, r.algorithm, 4 * e, r.seconds, count=k)
+    t["tail"].append(t["exposed"])
+
+
+def _exchange(voters, node, sizes: list[int], times: dict, colls: list, per_step: float) -> dict:
+    """One outer exchange of the buckets `sizes`: {codec, comm, sent, nic} of the busiest rank (a voter), the
+    collectives tallied into `colls` at `per_step`."""
+    out = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
+
+    def add(r, what, alg, size):
+        out["comm"] += r.seconds
+        out["sent"] += r.bytes_sent_per_rank
+        out["nic"] += r.nic_bytes_per_node
+        tally(colls, what, alg, size, r.seconds, per_step=per_step)
+
+    if voters.N > 1:
+        r = voters.control()
+        add(r, CONTROL, r.algorithm, wire.CONTROL.nbytes)
+    for e in sizes:
+        out["codec"] += times["codec_bytes"](e) / times["codec_bw"]
+        if voters.N > 1:
+            r, alg, size = voters.bucket(e)
+            add(r, voters.meth.name, alg, size)
+    if node is not None:
+        nic = out["nic"]
+        for nbytes in [4] + [4 * e for e in sizes]:  # the voted flag, then the agreed update of each bucket
+            r = node.broadcast(nbytes)
+            add(r, NODE_BROADCAST, r.algorithm, nbytes)
+        out["nic"] = nic
+    return out
+
+
+def _streamed(t: dict, voters, sizes: list[int], times: dict, H: int, F: int, D: int, passes: float) -> dict:
+    """The streamed outer steps: each fragment's exchange on the thread, step()'s waits from the timeline."""
+    frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)]
+    whole = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
+    busy = []  # each fragment's time on the thread
+    for f in frags:
+        ex = _exchange(voters, None, f, times, t["collectives"], 1 / H)
+        for key in whole:
+            whole[key] += ex[key]
+        busy.append(ex["comm"] + (0.0 if times["codec_on_compute"] else ex["codec"]))
+    on_cores = whole["codec"] if times["codec_on_compute"] else 0.0
+    inner = times["fwd"] + times["bwd"] + times["optimizer"] + t["exposed"] + (passes + on_cores) / H
+    waited = stream_waits(H, stagger.offsets(H, F), D, inner, busy)
+    t["codec"] += (whole["codec"] + passes) / H
+    t["comm"] += whole["comm"] / H
+    t["exposed"] += waited / H
+    t["tail"] += [(passes + on_cores) / H, waited / H]
+    return whole
+
+
+def stream_waits(H: int, offsets: list[int], D: int, inner: float, busy: list[float], cycles: int = 6) -> float:
+    """The seconds step() waits for the streamed exchanges over one interval of H steps, once the timeline
+    repeats: inner steps of `inner` seconds; after step t, fragment f's exchange (`busy[f]` seconds on the one
+    thread, first in, first out) is launched when t % H == offsets[f], then step() waits for each exchange
+    launched D steps before (LionCub's order: launch, then apply)."""
+    now, free, pending, per_cycle = 0.0, 0.0, [], []
+    for t in range(1, cycles * H + 1):
+        now += inner
+        for f, o in enumerate(offsets):
+            if t % H == o:
+                free = max(free, now) + busy[f]
+                pending.append((t + D, free))
+        if t % H == 1 or H == 1:
+            per_cycle.append(0.0)
+        while pending and pending[0][0] <= t:
+            _, done = pending.pop(0)
+            wait = max(0.0, done - now)
+            now += wait
+            per_cycle[-1] += wait
+    return per_cycle[-1]
