@@ -37,26 +37,11 @@ NODE_BROADCAST = "node broadcast"  # ... and the leader's broadcasts of the oute
 
 
 def check(local_steps, fragments, outer_delay, hierarchical: bool, momentum_sync) -> tuple[int, int] | None:
-    """(F, D) of a streamed configuration, None otherwise; one-line errors as LionCub's."""
+    """(F, D) of a streamed configuration, None otherwise; one-line errors, LionCub's own."""
     if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
                                     or local_steps < 1 or momentum_sync):
         raise ValueError("local_steps must be an int >= 1, without momentum_sync")
-    if fragments is None:
-        if outer_delay is not None:
-            raise ValueError("outer_delay applies only with fragments (streamed outer steps)")
-        return None
-    if local_steps is None:
-        raise ValueError("fragments applies only with local_steps=H (it streams the outer steps of local steps)")
-    H = local_steps
-    if isinstance(fragments, bool) or not isinstance(fragments, int) or not 1 <= fragments <= H:
-        raise ValueError(f"fragments must be an int in [1, local_steps={H}], got {fragments!r}")
-    D = stagger.default_delay(H, fragments) if outer_delay is None else outer_delay
-    if isinstance(D, bool) or not isinstance(D, int) or not 0 <= D * fragments < H:
-        raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {H}/{fragments}, "
-                         f"got {outer_delay!r}")
-    if hierarchical:
-        raise ValueError("fragments (streamed outer steps) does not combine with hierarchical=True, as in LionCub")
-    return fragments, D
+    return stagger.check_options(fragments, outer_delay, local_steps, hierarchical=hierarchical)
 
 
 class NodeExchanges:

@@ -4,6 +4,8 @@ fragment, and at which inner step each fragment's exchange is launched. Pure Pyt
 
 from __future__ import annotations
 
+import numbers
+
 
 def split(sizes: list[int], F: int) -> list[list[int]]:
     """Indices 0..len(sizes)-1 cut into F non-empty runs whose sums are about total / F each: cut j falls
@@ -27,6 +29,21 @@ def offsets(H: int, F: int) -> list[int]:
     return [((f + 1) * H // F) % H for f in range(F)]
 
 
-def default_delay(H: int, F: int) -> int:
-    """outer_delay when none is given: 1 when the fragments are staggered (1 < F < H), else 0."""
-    return int(1 < F < H)
+def check_options(fragments, outer_delay, local_steps, *, hierarchical: bool):
+    """LionCub's (fragments, outer_delay): (F, D), or None without fragments; one-line errors. D defaults to 1 when
+    the fragments are staggered (1 < F < H), else 0."""
+    if fragments is None:
+        if outer_delay is not None:
+            raise ValueError("outer_delay applies only with fragments=F (streamed outer steps)")
+        return None
+    if local_steps is None:
+        raise ValueError("fragments applies only with local_steps=H (it streams the outer steps of local steps)")
+    if isinstance(fragments, bool) or not isinstance(fragments, numbers.Integral) or not 1 <= fragments <= local_steps:
+        raise ValueError(f"fragments must be an int in [1, local_steps={local_steps}], got {fragments!r}")
+    delay = int(1 < fragments < local_steps) if outer_delay is None else outer_delay
+    if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay * fragments < local_steps:
+        raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {local_steps}/{fragments}, "
+                         f"got {outer_delay!r}")
+    if hierarchical:
+        raise ValueError("fragments (streamed outer steps) does not combine with hierarchical=True yet")
+    return int(fragments), int(delay)
