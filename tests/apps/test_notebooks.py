@@ -9,6 +9,9 @@ speedup or step curve it draws its shaded band, or the output says "no interval"
 The run keeps every figure it shows (a hook cell in front of the notebook) and reads them back after the last
 cell; the printed intervals are checked against simulate_step and autotune for the same inputs, recomputed
 here.
+
+Local steps (issue 29): notebook 1's bytes-per-token section, run on its own, is checked against
+local_evidence.MEASURED, the convergence map and simulate_step, recomputed here.
 """
 
 from __future__ import annotations
@@ -321,3 +324,105 @@ def test_bandwidth_notebook_draws_its_intervals(kernel_env):
     line = next(ln for ln in ax["lines"] if ln["label"] == method)
     band = _band_of(ax, line)
     assert band and band[0][0] == bw and band[0][1:] == pytest.approx((lo, hi), rel=1e-9), band
+
+
+def _section(nb, heading: str) -> list:
+    """The parameters and helpers cells (the first two code cells), then the section whose markdown starts
+    with `heading` and the code cell after it: that section run on its own."""
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    i = next(i for i, c in enumerate(nb.cells) if c.cell_type == "markdown" and c.source.startswith(heading))
+    assert nb.cells[i + 1].cell_type == "code", f"no code cell after {heading!r}"
+    return code[:2] + nb.cells[i:i + 2]
+
+
+# Issue 29's regime and targets, written out here: char-tiny (its runs' "params"), 4 ranks, batch 16 x 64 per rank
+TINY_PARAMS, TINY_TOKENS, TINY_LR = 431_360, 16 * 64, 5e-4
+CLOSER = REPO / "docs" / "results" / "local-steps" / "closer"
+
+
+def _tiny_bytes_per_token(method: str, hierarchical: bool = False, **kw) -> float:
+    """Bytes per token each rank sends in that regime (node layout: leaving the node, per rank), from
+    simulate_step directly."""
+    from lioncub.simulator import Cluster, simulate_step
+
+    from lioncub.comm.wire import auto_bucket_mb
+
+    cluster = Cluster(nodes=2, gpus_per_node=2, bandwidth=1e9) if hierarchical else Cluster(nodes=4, bandwidth=1e9)
+    r = simulate_step(cluster, method, TINY_PARAMS, bucket_mb=auto_bucket_mb(4 * TINY_PARAMS), compute_seconds=0.1,
+                      backend="gloo", hierarchical=hierarchical, **kw)
+    return (r.nic_bytes_per_node / 2 if hierarchical else r.bytes_sent_per_rank) / TINY_TOKENS
+
+
+@pytest.mark.slow
+def test_bandwidth_notebook_draws_bytes_per_token_against_loss(kernel_env):
+    """Notebook 1's local-step section (issue 29), run on its own: its table and its figure hold every
+    configuration of local_evidence.MEASURED and the convergence map's every-step methods at that regime, at the
+    bytes per token simulate_step gives and the loss measured, recomputed here; the targets are drawn; the
+    reading says whether any point reaches both; the simulated bytes are within 2% of the runs' own."""
+    from lioncub.apps.autotune.local_evidence import MEASURED, REGIME
+
+    assert "4 ranks, batch 16 x 64" in REGIME and "lr 5e-4" in REGIME, REGIME
+    nb = nbformat.read(NOTEBOOK_DIR / "01_bandwidth_tradeoffs.ipynb", as_version=4)
+    nb.cells = _section(nb, "## Bytes per token against loss")
+    outputs, report = _execute(nb, kernel_env)
+    errors = [o for o in outputs if o.get("output_type") == "error"]
+    assert not errors, json.dumps(errors, indent=1)[:2000]
+    printed = "".join(o["text"] for o in outputs if o.get("output_type") == "stream").splitlines()
+    rows = {f[0]: f for f in (tuple(v.strip() for v in ln.split(" | ")) for ln in printed) if len(f) == 8}
+    rows.pop("configuration")  # the header
+    axes = [a for f in report["figures"] for a in f["axes"] if a["xlabel"].startswith("bytes per token")]
+    assert len(axes) == 1, "the bytes-per-token figure is missing"
+    ax = axes[0]
+    assert "loss" in ax["ylabel"] and "%" in ax["ylabel"]
+    points = [(ln["x"][0], ln["y"][0]) for ln in ax["lines"] if len(ln["x"]) == 1 and ln["marker"] in ("s", "D", "o")]
+
+    expected = {}  # configuration: (bytes per token, loss %, SE % or None, seeds)
+    for (method, layout, H, F), (excess, se, seeds) in MEASURED.items():
+        hier = layout == "hierarchical"
+        name = f"{method}, H={H}" + (", nodes of 2" if hier else "") + (f", F={F}" if F else "")
+        x = _tiny_bytes_per_token(method, hier, local_steps=H, fragments=F)
+        expected[name] = (x, 100 * excess, 100 * se if se is not None and seeds > 1 else None, seeds)
+    cmap = json.loads((REPO / "docs" / "results" / "convergence-map.json").read_text())
+    here = [c for c in cmap["cells"] if (c["ranks"], c["batch_size"]) == (4, 16) and math.isclose(c["lr"], TINY_LR)]
+    assert {c["config"] for c in here} >= {"allreduce", "vote-1bit"}
+    for c in here:
+        method, _, sync = c["config"].partition("@")
+        K = int(sync.split(":")[1]) if sync.startswith("every:") else None
+        se = 100 * c["se"] if c["config"] != "allreduce" else None
+        expected[c["config"]] = (_tiny_bytes_per_token(method, momentum_sync=K), 100 * (c["ratio"] - 1), se,
+                                 len(c["seeds"]))
+    assert set(rows) == set(expected), (sorted(rows), sorted(expected))
+    for name, (x, loss, se, seeds) in expected.items():
+        row = rows[name]
+        assert float(row[3]) == pytest.approx(x, abs=5e-4), (name, row, x)
+        assert (row[5], row[6], int(row[7])) == (f"{loss:+.2f}", "-" if se is None else f"{se:.2f}", seeds), row
+        assert any(px == pytest.approx(x, rel=1e-9) and py == pytest.approx(loss, abs=1e-9) for px, py in points), \
+            f"{name}: no point drawn at ({x}, {loss})"
+    assert len(points) == len(expected)
+    labels = [t for t in ax["texts"] if "H=" in t]
+    assert len(labels) == len(MEASURED) and sum("nodes of 2" in t for t in labels) == \
+        sum(k[1] == "hierarchical" for k in MEASURED), ax["texts"]
+    assert expected["allreduce"][:2] == (pytest.approx(1.5 * 4 * TINY_PARAMS / TINY_TOKENS), 0.0)  # ring, fp32
+
+    # the targets: 1/500 of ddp+lion's bytes (torch DDP's fp32 ring allreduce) and 2% in loss
+    x_target = 1.5 * 4 * TINY_PARAMS / 500 / TINY_TOKENS
+    assert any(ln["x"] == [pytest.approx(x_target)] * 2 and ln["label"].startswith("target") for ln in ax["lines"])
+    assert any(ln["y"] == [2.0, 2.0] and ln["label"].startswith("target") for ln in ax["lines"])
+    both = sorted(n for n, (x, loss, _, _) in expected.items() if x <= x_target and loss <= 2.0)
+    reading = next(t for t in _texts(outputs) if "1/500 of ddp+lion's bytes" in t)
+    if both:
+        assert "Both targets: " + ", ".join(both) in reading, reading
+    else:
+        assert "No measured configuration reaches both targets yet" in reading, reading
+
+    # the simulated bytes against the runs' own (rank 0's, beyond its node), as the markdown says
+    checked = 0
+    for path in sorted(CLOSER.glob("*_s0.json")):
+        run = json.loads(path.read_text())
+        hier = "hierarchical" in path.name
+        sim = _tiny_bytes_per_token(run["method"], hier, local_steps=run["local_steps"]) * TINY_TOKENS
+        measured = run["bytes_per_step"] - run["node_bytes_per_step"]
+        assert measured == pytest.approx(sim * (2 if hier else 1), rel=0.02), path.name  # the voter sends 2 ranks'
+        checked += 1
+    assert checked >= 4
+    assert any(ln.startswith("  vote-1bit, H=25 ") and "measured" in ln for ln in printed), printed
