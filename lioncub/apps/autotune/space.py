@@ -310,13 +310,10 @@ def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | No
     than buckets)."""
     m, lay, H, F = key
     bucket = wire.auto_bucket_mb(4 * params)
-    try:
-        r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F,
-                          hierarchical=lay == "hierarchical", **step_kw)
-    except ValueError as exc:
-        if "more than the optimizer's" in str(exc):
-            return None
-        raise
+    if F is not None and F > math.ceil(params / max(1, int(bucket * 2**20 // 4))):
+        return None
+    r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F, hierarchical=lay == "hierarchical",
+                      **step_kw)
     step = r.step_seconds
     return Candidate(
         method=m, levels=None, momentum_sync="none", bucket_mb=bucket, layout=lay, step_seconds=step,
