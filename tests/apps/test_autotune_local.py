@@ -68,6 +68,7 @@ def test_local_candidates_are_simulate_steps_with_their_measured_risk():
     bucket = wire.auto_bucket_mb(4 * P)
     for c in local:
         want = simulate_step(CLUSTER, c.method, P, None, bucket, COMPUTE, backend="gloo", local_steps=c.local_steps,
+                             fragments=c.fragments,
                              hierarchical=c.layout == "hierarchical")
         assert c.step_seconds == want.step_seconds and c.bytes_per_step == want.bytes_sent_per_rank
         excess = local_evidence.MEASURED[c.method, c.layout, c.local_steps, c.fragments][0]

@@ -348,8 +348,9 @@ def _tiny_bytes_per_token(method: str, hierarchical: bool = False, **kw) -> floa
     from lioncub.comm.wire import auto_bucket_mb
 
     cluster = Cluster(nodes=2, gpus_per_node=2, bandwidth=1e9) if hierarchical else Cluster(nodes=4, bandwidth=1e9)
-    r = simulate_step(cluster, method, TINY_PARAMS, bucket_mb=auto_bucket_mb(4 * TINY_PARAMS), compute_seconds=0.1,
-                      backend="gloo", hierarchical=hierarchical, **kw)
+    bucket = 0.25 if kw.get("fragments") else auto_bucket_mb(4 * TINY_PARAMS)  # the streamed runs' --bucket-mb
+    r = simulate_step(cluster, method, TINY_PARAMS, bucket_mb=bucket, compute_seconds=0.1, backend="gloo",
+                      hierarchical=hierarchical, **kw)
     return (r.nic_bytes_per_node / 2 if hierarchical else r.bytes_sent_per_rank) / TINY_TOKENS
 
 
