@@ -17,9 +17,9 @@ parameters are bit-identical on every rank. D < H / F: a fragment is applied bef
 
 One thread takes the exchanges in launch order (FIFO), and every rank launches the same fragments at the same
 steps, so the collectives' order is the same on every rank. They run on a process group of their own (when the
-optimizer's group is the whole world), so collectives the training loop issues meanwhile cannot interleave
-with them. The inner steps of the flat layout issue none; the node layout's do (inside each node), and it does
-not stream yet.
+optimizer's group is the whole world; made with the optimizer, since making it waits for every rank), so
+collectives the training loop issues meanwhile cannot interleave with them. The inner steps of the flat layout
+issue none; the node layout's do (inside each node), and it does not stream yet.
 
 The non-finite rule: a fragment whose pseudo-gradient is not finite on some rank skips its outer step on every
 rank (its parameters restart from the unchanged anchor). state_dict() waits for the exchanges in flight and
@@ -113,6 +113,9 @@ class Streaming:
         self._stream = torch.cuda.Stream(device=local.engine.buckets.device) if self._cuda else None
         self._worker = Worker(functools.partial(_run, stream=self._stream), "lioncub-stream")
         self.local, self.F, self.D = local, F, D
+        # Made here, not at the first launch: new_group waits for the slowest rank, and inside a step that wait
+        # (a lab's start-up skew: seconds) was counted neither as compute nor as the exchanges' exposed time.
+        local.exchange.group = _own_group(local.engine)
         self.fragments = split([b.n for b in local.engine.buckets], F)
         self.offsets = offsets(local.H, F)
         self.pending: list[_Job] = []  # launched, not yet applied, in launch order
@@ -139,7 +142,6 @@ class Streaming:
     def _launch(self, f: int, t: int) -> None:
         ex = self.local.exchange
         if not self._worker.started:
-            ex.group = _own_group(self.local.engine)
             _LIVE.add(self)
         ex.pseudo_gradients(self.local.anchor, self.fragments[f])
         event = None
@@ -197,7 +199,7 @@ class Streaming:
 
 def _own_group(engine):
     """A process group for the streamed exchanges alone: a copy of the optimizer's when that is the whole world
-    (every rank creates it at the same first launch); otherwise the optimizer's own."""
+    (every rank makes it as it makes the optimizer); otherwise the optimizer's own."""
     if engine.world_size == 1 or not dist.is_initialized() or engine.world_size != dist.get_world_size():
         return engine.group
     return dist.new_group(ranks=dist.get_process_group_ranks(engine.group))

@@ -23,7 +23,7 @@ def test_train_cli_json_has_the_documented_fields(capsys):
     out = _json_out(capsys, ["train", "--model", "mlp", "--ranks", "2", "--steps", "6", "--method", "l1-pbit",
                              "--momentum-sync", "every:3", "--json"])
     for key in ("step_seconds", "final_loss", "bytes_per_step", "compute_seconds", "codec_seconds",
-                "comm_seconds"):
+                "comm_seconds", "mean_optimizer_seconds", "start_wait_seconds"):
         assert key in out and out[key] >= 0
     assert out["ranks"] == 2 and out["momentum_syncs"] == 2 and out["bytes_per_step"] > 0
     assert out["final_loss"] < 2.31  # below chance level (ln 10): it learns

@@ -276,12 +276,13 @@ def fragment_tensors(opt, params):
 
 def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False):
     params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+    own_group = opt.local.exchange.group is not opt.engine.group  # made with the optimizer, before any step
     recs = run(params, opt, rank, 1, steps, bad, nan_at, chatter)
     opt.state_dict()  # (waits for the exchanges in flight: `launches` lists what the thread ran, in its order)
     s = opt.local.stream
     return dict(records=recs, residual=residuals_by_param(opt, params), fragments=fragment_tensors(opt, params),
                 launches=list(s.launches), delay=s.D, exchanges=s.exchanges, local_skips=opt.local.local_skips,
-                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips)
+                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips, own_group=own_group)
 
 
 def one_fragment_case(rank, world_size, method, H, outer, steps):

@@ -153,7 +153,8 @@ def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks
                               "params")}, node_bytes_per_step=s.get("node_bytes_per_step", 0),
             **{k: s.get(k) for k in ("link_bytes_per_step", "link_tx_bytes_per_step", "link_hosts",
                                      "predicted_nic_bytes_per_step", "mean_exposed_seconds", "mean_compute_seconds",
-                                     "local_steps", "fragments", "outer_delay")},
+                                     "mean_optimizer_seconds", "start_wait_seconds", "local_steps", "fragments",
+                                     "outer_delay")},
             limit_seconds=limit))
         print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
               f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)

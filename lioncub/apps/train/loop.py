@@ -220,6 +220,7 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         from tqdm import tqdm
 
         bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.method} x{world}", unit="step", leave=False)
+    waited = _start_together()
     for step in range(start + 1, cfg.steps + 1):
         for group in opt.param_groups:
             group["lr"] = _lr(cfg, step)
@@ -233,8 +234,8 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         t1 = time.perf_counter()
         opt.step()
         t2 = time.perf_counter()
-        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, lr=opt.param_groups[0]["lr"],
-                            **_step_figures(opt, t1 - t0, world, fsdp)))
+        records.append(dict(step=step, loss=loss.item(), step_s=t2 - t0, optimizer_s=t2 - t1,
+                            lr=opt.param_groups[0]["lr"], **_step_figures(opt, t1 - t0, world, fsdp)))
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss.item():.3f}", ms=f"{1e3 * (t2 - t0):.0f}")
@@ -246,7 +247,21 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
         bar.close()
     if cfg.checkpoint_dir:
         save_checkpoint(cfg, model, opt, cfg.steps, rank, records)
-    return summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
+    summary = summarize(cfg, records, evaluate(model, data, cfg), count_params(model), world, opt)
+    summary["start_wait_seconds"] = waited
+    return summary
+
+
+def _start_together() -> float:
+    """Seconds this rank waited for the others before its first step. Without it the ranks start apart by as
+    long as the parameter broadcast takes to reach the last of them (rank 0's returns once sent: seconds on a
+    slow link), and the first collective of the timed steps absorbs that skew: an outer step (local steps) or
+    any wait for the slowest rank looks seconds long."""
+    if not dist.is_initialized():
+        return 0.0
+    t0 = time.perf_counter()
+    transport.call("barrier (start)", dist.barrier)
+    return time.perf_counter() - t0
 
 
 def _setup(cfg: TrainConfig, world: int):
@@ -328,6 +343,8 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         # the steps) beside the mean compute (forward and backward)
         mean_exposed_seconds=statistics.fmean(r.get("exposed_s", 0.0) for r in timed) if timed else 0.0,
         mean_compute_seconds=statistics.fmean(r["compute_s"] for r in timed) if timed else 0.0,
+        # the mean of step() as a whole: the exposed communication, the codec and the inner steps' own work
+        mean_optimizer_seconds=statistics.fmean(r.get("optimizer_s", 0.0) for r in timed) if timed else 0.0,
         bytes_per_step=statistics.fmean(r["bytes_sent"] for r in timed) if timed else 0,
         # every step's bytes (a dense start's included): what a byte budget counts
         total_bytes_sent=sum(r["bytes_sent"] for r in records),
