@@ -20,8 +20,9 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from lioncub import kernels, methods
+from lioncub.comm import stagger
 from lioncub.comm.transport import record_call_times
-from lioncub.optim import clip, local, resume, steps, streaming
+from lioncub.optim import clip, local, resume, steps
 from lioncub.optim.buckets import DTYPES
 from lioncub.optim.engine import Engine
 from lioncub.optim.stats import CommStats
@@ -117,7 +118,7 @@ class LionCub(torch.optim.Optimizer):
         sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
         self._local_args = local.check_options(local_steps, outer, dense_warmup=dense_warmup,
                                                momentum_sync=momentum_sync, sharded=sharded) + (bool(error_feedback),)
-        self._streamed = streaming.check_options(fragments, outer_delay, local_steps, hierarchical=bool(hierarchical))
+        self._streamed = stagger.check_options(fragments, outer_delay, local_steps, hierarchical=bool(hierarchical))
         overlap = overlap and local_steps is None  # local steps communicate in step() only
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)

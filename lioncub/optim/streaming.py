@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import numbers
 import threading
 import time
 import weakref
@@ -39,7 +38,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-from lioncub.comm import settle
+from lioncub.comm import settle, stagger
 from lioncub.optim.worker import Worker
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Streaming with a thread, for shutdown()
@@ -53,46 +52,6 @@ def shutdown(timeout: float = 60.0) -> None:
 
 
 settle.at_exit(shutdown)
-
-
-def check_options(fragments, outer_delay, local_steps, *, hierarchical: bool):
-    """(F, D) or None without fragments; one-line errors."""
-    if fragments is None:
-        if outer_delay is not None:
-            raise ValueError("outer_delay applies only with fragments=F (streamed outer steps)")
-        return None
-    if local_steps is None:
-        raise ValueError("fragments applies only with local_steps=H (it streams the outer steps of local steps)")
-    if isinstance(fragments, bool) or not isinstance(fragments, numbers.Integral) or not 1 <= fragments <= local_steps:
-        raise ValueError(f"fragments must be an int in [1, local_steps={local_steps}], got {fragments!r}")
-    delay = int(1 < fragments < local_steps) if outer_delay is None else outer_delay
-    if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay * fragments < local_steps:
-        raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {local_steps}/{fragments}, "
-                         f"got {outer_delay!r}")
-    if hierarchical:
-        raise ValueError("fragments (streamed outer steps) does not combine with hierarchical=True yet")
-    return int(fragments), int(delay)
-
-
-def split(sizes: list[int], F: int) -> list[list[int]]:
-    """Indices 0..len(sizes)-1 cut into F non-empty runs whose sums are about total / F each: cut j falls
-    where the running sum is nearest j * total / F."""
-    if F > len(sizes):
-        raise ValueError(f"fragments={F} is more than the optimizer's {len(sizes)} buckets: use fewer fragments or a "
-                         "smaller bucket_mb")
-    prefix = [0]
-    for s in sizes:
-        prefix.append(prefix[-1] + s)
-    cuts = [0]
-    for j in range(1, F):
-        lo, hi = cuts[-1] + 1, len(sizes) - (F - j)
-        cuts.append(min(range(lo, hi + 1), key=lambda i: (abs(prefix[i] * F - j * prefix[-1]), i)))
-    cuts.append(len(sizes))
-    return [list(range(a, b)) for a, b in zip(cuts[:-1], cuts[1:])]
-
-
-def offsets(H: int, F: int) -> list[int]:
-    return [((f + 1) * H // F) % H for f in range(F)]
 
 
 class _Job:
@@ -116,8 +75,8 @@ class Streaming:
         # Made here, not at the first launch: new_group waits for the slowest rank, and inside a step that wait
         # (a lab's start-up skew: seconds) was counted neither as compute nor as the exchanges' exposed time.
         local.exchange.group = _own_group(local.engine)
-        self.fragments = split([b.n for b in local.engine.buckets], F)
-        self.offsets = offsets(local.H, F)
+        self.fragments = stagger.split([b.n for b in local.engine.buckets], F)
+        self.offsets = stagger.offsets(local.H, F)
         self.pending: list[_Job] = []  # launched, not yet applied, in launch order
         self.launches: list[tuple[int, int]] = []  # (step, fragment) in the order the thread ran them
         self.exposed_s, self.exchanges = 0.0, 0

@@ -10,8 +10,8 @@ import torch
 
 from lioncub import LionCub
 from lioncub.comm.spawn import spawn
+from lioncub.comm.stagger import split
 from lioncub.optim.outer import parse_outer
-from lioncub.optim.streaming import split
 
 N = 3
 # the test model's buckets (STREAM_BUCKET_MB, backward order) hold the tensors [4], [3], [2, 1], [0] (34, 33, 40
