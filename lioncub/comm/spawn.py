@@ -4,6 +4,7 @@ each returns."""
 from __future__ import annotations
 
 import datetime
+import math
 import io
 import os
 import traceback
@@ -52,14 +53,14 @@ def _failure(rank: int, tb: str, bad_input: bool, message: str) -> SpawnError:
     return RankInputError(rank, message, tb) if bad_input else SpawnError(f"rank {rank} failed:\n{tb}")
 
 
-def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeout: float = 60.0,
+def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, pg_timeout: float = 60.0,
           threads: int | None = None, allow_failures: bool = False, env: dict | None = None) -> list:
     """Run fn(rank, world_size, *args) on `world_size` local Gloo ranks; return their results by rank.
 
     Processes come from a forkserver that has torch imported already, so each rank starts in a fraction
     of a second. If a rank raises or dies, the others are stopped and SpawnError carries its traceback;
     with allow_failures=True the others run on, and a rank that failed, died or did not finish within
-    `timeout` gets None. fn must be importable (defined at module level). The ranks fork from a server
+    `timeout` seconds (None: no limit) gets None. fn must be importable (defined at module level). The ranks fork from a server
     started once per parent process, so pass environment variables they need (LIONCUB_KERNELS, ...)
     in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
     """
@@ -81,7 +82,7 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float = 120.0, pg_timeo
              for r in range(world_size)]
     for p in procs:
         p.start()
-    results, failed, deadline = {}, set(), time.monotonic() + timeout
+    results, failed, deadline = {}, set(), time.monotonic() + (math.inf if timeout is None else timeout)
     try:
         while len(results) + len(failed) < world_size:
             try:

@@ -370,8 +370,10 @@ def _spawned(rank, world_size, cfg_dict, progress):
     return out
 
 
-def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: float = 3600) -> dict:
-    """Train on `ranks` local Gloo processes (or in this process for ranks == 1); rank 0's summary."""
+def train_local(cfg: TrainConfig, ranks: int, progress: bool = True, timeout: float | None = None) -> dict:
+    """Train on `ranks` local Gloo processes (or in this process for ranks == 1); rank 0's summary. No time limit
+    by default (a long run is not a hang: a rank that dies, or a collective that waits past Gloo's timeout, still
+    ends it with an error)."""
     from lioncub.comm.spawn import spawn
 
     if ranks == 1 and not dist.is_initialized():
