@@ -4,8 +4,8 @@ each returns."""
 from __future__ import annotations
 
 import datetime
-import math
 import io
+import math
 import os
 import traceback
 from collections.abc import Callable
