@@ -60,9 +60,9 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     Processes come from a forkserver that has torch imported already, so each rank starts in a fraction
     of a second. If a rank raises or dies, the others are stopped and SpawnError carries its traceback;
     with allow_failures=True the others run on, and a rank that failed, died or did not finish within
-    `timeout` seconds (None: no limit) gets None. fn must be importable (defined at module level). The ranks fork from a server
-    started once per parent process, so pass environment variables they need (LIONCUB_KERNELS, ...)
-    in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
+    `timeout` seconds (None: no limit) gets None. fn must be importable (defined at module level). The ranks
+    fork from a server started once per parent process, so pass environment variables they need
+    (LIONCUB_KERNELS, ...) in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
     """
     import multiprocessing as mp
     import queue as queue_mod
