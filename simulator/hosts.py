@@ -24,6 +24,11 @@ a training run):
   on the host's cores while the collective runs.
 * `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
   (loopback TCP for Gloo ranks; NVLink or PCIe for GPUs): they replace the cluster's intra-node link.
+* `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
+  (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
+  `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
+  `drift(k, step, m)`, with `expected_max(m)` the mean of the largest of m standard normals. Steps that each
+  end in a collective do not drift: their skew is `wake`'s.
 
 `Cores` is the processor-sharing server: n runnable jobs (each counted `weight` times: the host's ranks
 are symmetric, so one representative rank is simulated for all) and `background` jobs share `capacity`,
@@ -53,6 +58,7 @@ class HostModel:
     byte_cpu: float = 0.0
     intra_bandwidth: float | None = None
     intra_latency: float | None = None
+    step_cv: float = 0.0
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -65,7 +71,7 @@ class HostModel:
                                  f"got {v!r}")
 
         number("cores", positive=True)
-        for name in ("background", "wake", "call_cpu", "byte_cpu"):
+        for name in ("background", "wake", "call_cpu", "byte_cpu", "step_cv"):
             number(name)
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
@@ -101,6 +107,25 @@ class HostModel:
         """The speed of each of `jobs` runnable jobs (background included separately)."""
         n = jobs + self.background
         return 1.0 if n <= self.cores else self.cores / n
+
+    def drift(self, k: float, step: float, m: int) -> float:
+        """How long a collective after k steps without one waits for the latest of its m members, beyond the
+        representative rank's own arrival: step_cv * step * sqrt(k) * expected_max(m) (independent steps)."""
+        return self.step_cv * step * math.sqrt(max(0.0, k)) * expected_max(m)
+
+
+def expected_max(m: int) -> float:
+    """E[max of m independent standard normals] (0 for one): the integral of x m phi(x) Phi(x)^(m-1)."""
+    if m <= 1:
+        return 0.0
+    n, lo, hi = 4000, -9.0, 9.0
+    dx = (hi - lo) / n
+    total = 0.0
+    for i in range(n + 1):
+        x = lo + i * dx
+        f = x * m * math.exp(-x * x / 2) / math.sqrt(2 * math.pi) * (0.5 * math.erfc(-x / math.sqrt(2))) ** (m - 1)
+        total += f * (0.5 if i in (0, n) else 1.0)
+    return total * dx
 
 
 def harmonic(m: int) -> float:
@@ -167,4 +192,4 @@ class Cores:
         self._schedule()
 
 
-__all__ = ["Cores", "HostModel", "SCOPES", "harmonic"]
+__all__ = ["Cores", "HostModel", "SCOPES", "expected_max", "harmonic"]

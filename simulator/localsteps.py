@@ -12,6 +12,8 @@ method's collectives for the voters, one after another; the outer step's own pas
 on the main thread.
 
 * Not streamed: every H-th step runs the whole model's exchange inside step(), all exposed, amortized as 1/H.
+* Drift: with no collective for k steps the ranks drift apart, and an exchange starts when the latest voter
+  arrives (`HostModel.drift`, from the host's measured step-to-step variation; none without a host model).
 * Streamed: the buckets are cut into F fragments (lioncub.comm.stagger, as the optimizer cuts them); fragment f's
   exchange is queued at its offset in the interval on one communication thread (first in, first out) and
   step() waits for it D inner steps later. The exposed time is what those waits add, from a timeline of the
@@ -65,10 +67,11 @@ class NodeExchanges:
 
 
 def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict, H: int,
-               stream: tuple[int, int] | None = None) -> dict:
+               stream: tuple[int, int] | None = None, host=None) -> dict:
     """The step's parts (step.py's `_communicate` keys), per step. voters: the exchanges of the voting ranks
     (step.py's _Exchanges: the world flat, one rank per node in the node layout); buckets: (elements, count)
-    runs; times: step.py's kernel times (the codec for the voters); stream: (F, D) or None."""
+    runs; times: step.py's kernel times (the codec for the voters); stream: (F, D) or None; host: the profile's
+    HostModel or None (its `drift`: the ranks' drift between the exchanges, a wait for the latest voter)."""
     t = dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
     if node is not None:
         _inner_node_mean(t, node, buckets)
@@ -76,14 +79,17 @@ def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict,
     if voters.N == 1 and node is None:
         return t
     passes = OUTER_BYTES_PER_PARAM * P / times["codec_bw"]
+    step = times["fwd"] + times["bwd"] + times["optimizer"] + t["exposed"]
+    drift = (lambda k: host.drift(k, step, voters.N)) if host is not None else (lambda k: 0.0)
     if stream is None:
         ex = _exchange(voters, node, sizes, times, t["collectives"], 1 / H)
+        wait = drift(H) + ex["comm"]
         t["codec"] += (ex["codec"] + passes) / H
         t["comm"] += ex["comm"] / H
-        t["exposed"] += ex["comm"] / H
-        t["tail"] += [(ex["codec"] + passes) / H, ex["comm"] / H]
+        t["exposed"] += wait / H
+        t["tail"] += [(ex["codec"] + passes) / H, wait / H]
     else:
-        ex = _streamed(t, voters, sizes, times, H, *stream, passes)
+        ex = _streamed(t, voters, sizes, times, H, *stream, passes, drift)
     t["sent"] += ex["sent"] / H
     t["nic"] += ex["nic"] / H
     return t
@@ -128,8 +134,10 @@ def _exchange(voters, node, sizes: list[int], times: dict, colls: list, per_step
     return out
 
 
-def _streamed(t: dict, voters, sizes: list[int], times: dict, H: int, F: int, D: int, passes: float) -> dict:
-    """The streamed outer steps: each fragment's exchange on the thread, step()'s waits from the timeline."""
+def _streamed(t: dict, voters, sizes: list[int], times: dict, H: int, F: int, D: int, passes: float, drift) -> dict:
+    """The streamed outer steps: each fragment's exchange on the thread, step()'s waits from the timeline. A
+    fragment's exchange starts when the latest voter has launched it: drift over the H / F steps since the
+    previous application, which waited for every voter."""
     frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)]
     whole = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
     busy = []  # each fragment's time on the thread
@@ -137,7 +145,7 @@ def _streamed(t: dict, voters, sizes: list[int], times: dict, H: int, F: int, D:
         ex = _exchange(voters, None, f, times, t["collectives"], 1 / H)
         for key in whole:
             whole[key] += ex[key]
-        busy.append(ex["comm"] + (0.0 if times["codec_on_compute"] else ex["codec"]))
+        busy.append(drift(H / F) + ex["comm"] + (0.0 if times["codec_on_compute"] else ex["codec"]))
     on_cores = whole["codec"] if times["codec_on_compute"] else 0.0
     inner = times["fwd"] + times["bwd"] + times["optimizer"] + t["exposed"] + (passes + on_cores) / H
     waited = stream_waits(H, stagger.offsets(H, F), D, inner, busy)

@@ -108,3 +108,16 @@ def test_no_loopback_speed_is_taken_from_probes_that_do_not_show_one():
     raw["idle"][str(SIZES[-1])] = raw["idle"][str(wire.CONTROL.nbytes)]  # noise: 2 MiB as fast as 24 B
     host, _ = fit_host(raw, profile)
     assert host.intra_bandwidth is None and host.byte_cpu == 0.0
+
+
+def test_step_variation_is_each_ranks_own():
+    """step_cv: the median over ranks of each rank's own steps' sd / mean; a rank that is steadily slower adds no
+    variation (it is not noise between steps)."""
+    import statistics
+
+    from lioncub.apps.train.hostcal import step_cv
+
+    ranks = [[0.10, 0.12, 0.08, 0.10], [0.20, 0.20, 0.20, 0.20], [0.1, 0.1, 0.1, 0.1], [0.3, 0.33, 0.27, 0.3]]
+    cvs = sorted(statistics.stdev(r) / statistics.fmean(r) for r in ranks)
+    assert step_cv([t for r in ranks for t in r], 4) == pytest.approx((cvs[1] + cvs[2]) / 2)
+    assert step_cv([0.1] * 4, 4) == 0.0  # one step per rank: nothing to measure

@@ -135,3 +135,23 @@ def test_simulate_step_prints_the_interval_of_a_calibration_with_a_host(capsys, 
     cal.write_text(json.dumps({"host": {"cores": 0}}))
     assert main(argv) == 2
     assert "cores must be a positive number" in capsys.readouterr().err
+
+
+def test_expected_max_of_normals():
+    """E[max of m standard normals]: the closed forms for m = 2 (1/sqrt(pi)) and 3 (3 / (2 sqrt(pi))), and a seeded
+    Monte Carlo for larger m; the drift it scales."""
+    import math
+    import random
+
+    from lioncub.simulator.hosts import expected_max
+
+    assert expected_max(1) == 0.0
+    assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
+    assert expected_max(3) == pytest.approx(3 / (2 * math.sqrt(math.pi)), rel=1e-6)
+    rng = random.Random(0)
+    for m in (4, 8, 16):
+        mc = sum(max(rng.gauss(0, 1) for _ in range(m)) for _ in range(40_000)) / 40_000
+        assert expected_max(m) == pytest.approx(mc, abs=0.02)
+    host = HostModel(step_cv=0.2)
+    assert host.drift(9, 0.5, 4) == pytest.approx(0.2 * 0.5 * 3 * expected_max(4))
+    assert HostModel().drift(9, 0.5, 4) == 0.0

@@ -126,3 +126,29 @@ def test_streaming_options_are_checked_as_lioncub_checks_them():
                           **kw, **STEP)
     with pytest.raises(ValueError, match="more than the optimizer's 1 buckets"):
         simulate_step(cluster, "vote-1bit", local_steps=4, fragments=2, **STEP)
+
+
+def test_ranks_drift_apart_between_exchanges_and_each_waits_for_the_latest_voter():
+    """With a host model whose steps vary (step_cv), an exchange after k steps without a collective starts when the
+    latest of the m voters arrives: step_cv x step x sqrt(k) x E[max of m normals] later (HostModel.drift). Not
+    streamed: k = H; streamed: k = H / F, each fragment's exchange starting that much later."""
+    from lioncub.simulator import get_profile
+    from lioncub.simulator.hosts import HostModel, expected_max
+
+    cluster, H, F, D, cv = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 20, 4, 1, 0.1
+    P = 2**20
+    step = dict(STEP, params=P, bucket_mb=1.0, backend=None)
+    quiet = get_profile("ideal")
+    noisy = quiet.replace(host=HostModel(cores=64.0, shared_by=1, step_cv=cv).to_dict())
+    inner = 0.01 + UPDATE_BYTES_PER_PARAM * P / MEM
+    for kw, k in [(dict(), H), (dict(fragments=F, outer_delay=D), H / F)]:
+        a = simulate_step(cluster, "vote-1bit", local_steps=H, **{**step, "backend": quiet}, **kw)
+        b = simulate_step(cluster, "vote-1bit", local_steps=H, **{**step, "backend": noisy}, **kw)
+        late = cv * inner * k ** 0.5 * expected_max(4)
+        if kw:  # each fragment's wait grows by what its later start is not already hidden by
+            busy = (a.exposed_communication_seconds * H / F) + D * (inner + OUTER_BYTES_PER_PARAM * P / MEM / H)
+            want = F * max(0.0, busy + late - D * (inner + OUTER_BYTES_PER_PARAM * P / MEM / H)) / H
+        else:
+            want = a.exposed_communication_seconds + late / H
+        assert b.exposed_communication_seconds == pytest.approx(want, rel=1e-9), kw
+        assert b.communication_seconds == pytest.approx(a.communication_seconds, rel=1e-12)

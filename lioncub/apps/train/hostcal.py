@@ -16,7 +16,8 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * the control message's all-reduce on idle cores: all CPU on loopback, so `call_cpu` = its time x share(R);
 * the largest all-reduce on idle cores: `byte_cpu` (CPU per byte sent and received) and `intra_bandwidth`;
 * the control message's all-reduce with every rank computing: `wake`, the wait for a core on each latency of
-  its critical path and for the last member (the contended model solved for it, hosts.py).
+  its critical path and for the last member (the contended model solved for it, hosts.py);
+* the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
 
 Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
 largest under compute, the compute step while the codec runs, and the compute's second half against its
@@ -131,9 +132,19 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
-                     intra_bandwidth=intra)
+                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R))
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
+
+
+def step_cv(compute: list[float], ranks: int) -> float:
+    """The median over ranks of each rank's own compute steps' standard deviation over their mean (`compute`:
+    every rank's steps, rank after rank)."""
+    n = len(compute) // ranks
+    if n < 2:
+        return 0.0
+    per = [compute[r * n:(r + 1) * n] for r in range(ranks)]
+    return statistics.median(statistics.stdev(x) / statistics.fmean(x) for x in per)
 
 
 def held_out(raw: dict, profile, host: HostModel) -> dict:
