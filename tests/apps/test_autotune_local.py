@@ -28,7 +28,8 @@ def _measured_runs() -> dict:
     baselines under (allreduce, flat, None, None): from the grids' JSON and the single runs' file names."""
     runs: dict = {}
     for f in RESULTS.glob("*.json"):
-        for r in json.loads(f.read_text()).get("runs", []):
+        data = json.loads(f.read_text())
+        for r in data.get("runs", []) if isinstance(data, dict) else []:  # (the convergence grids' files)
             m = re.fullmatch(r"([\w-]+?)(?:\+local:(\d+):avg)?", r["config"])
             if m:
                 key = (m[1], "flat", int(m[2]) if m[2] else None, None)
