@@ -38,6 +38,7 @@ each running at min(1, capacity / (n * weight + background)). It uses SimPy's pu
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 
@@ -114,6 +115,7 @@ class HostModel:
         return self.step_cv * step * math.sqrt(max(0.0, k)) * expected_max(m)
 
 
+@functools.cache
 def expected_max(m: int) -> float:
     """E[max of m independent standard normals] (0 for one): the integral of x m phi(x) Phi(x)^(m-1)."""
     if m <= 1:

@@ -111,10 +111,10 @@ def _exchange(voters, node, sizes: list[int], times: dict, colls: list, per_step
     collectives tallied into `colls` at `per_step`."""
     out = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
 
-    def add(r, what, alg, size):
+    def add(r, what, alg, size, leaves_node=True):
         out["comm"] += r.seconds
         out["sent"] += r.bytes_sent_per_rank
-        out["nic"] += r.nic_bytes_per_node
+        out["nic"] += r.nic_bytes_per_node if leaves_node else 0.0
         tally(colls, what, alg, size, r.seconds, per_step=per_step)
 
     if voters.N > 1:
@@ -126,11 +126,9 @@ def _exchange(voters, node, sizes: list[int], times: dict, colls: list, per_step
             r, alg, size = voters.bucket(e)
             add(r, voters.meth.name, alg, size)
     if node is not None:
-        nic = out["nic"]
         for nbytes in [4] + [4 * e for e in sizes]:  # the voted flag, then the agreed update of each bucket
             r = node.broadcast(nbytes)
-            add(r, NODE_BROADCAST, r.algorithm, nbytes)
-        out["nic"] = nic
+            add(r, NODE_BROADCAST, r.algorithm, nbytes, leaves_node=False)
     return out
 
 

@@ -427,12 +427,11 @@ class _Exchanges:
         """Local steps: the exchanges of the ranks that vote in the outer step (flat: every rank, without the
         hierarchical collectives; the node layout: local rank 0 of every node, one rank per node on the cross
         links) and the node's own collectives (None when flat)."""
-        twin = _Exchanges(self.cluster, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
+        cluster = dataclasses.replace(self.cluster, gpus_per_node=1) if self.G else self.cluster
+        twin = _Exchanges(cluster, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
                           "float32", 0)
         if not self.G:
             return twin, None
-        twin.cluster = dataclasses.replace(self.cluster, gpus_per_node=1)
-        twin.N = twin.cluster.ranks
 
         def simulate(name, colls, nbytes):
             return simulate_collectives(self.cluster, self.profile, name, colls, self.spec, nbytes, self.cache,

@@ -296,6 +296,9 @@ def _local_space(space: dict, local_steps, fragments) -> list[tuple[str, str, in
         return []
     layouts = [lay for lay in space["layouts"] if lay != "sharded"]  # (LionCub: no local steps on sharded models)
     if local_steps == "measured":
+        if fragments:
+            raise ValueError("fragments apply to the local steps given as a list (--local-steps H,...): the measured "
+                             "configurations carry their own")
         return local_evidence.configurations(space["methods"], layouts)
     for name, values in (("local steps", local_steps), ("fragments", fragments)):
         if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):

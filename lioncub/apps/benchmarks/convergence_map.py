@@ -141,10 +141,10 @@ def _run_one(res: dict, run: dict, steps: int, base, output: str | None) -> None
 
     method, sync, warmup = split_run(run["config"])
     _, local_steps, outer = split_local(run["config"])
+    _, fragments, outer_delay = split_stream(run["config"])
     cfg = TrainConfig(**dict(dataclasses.asdict(base), method=method, momentum_sync=sync, dense_warmup=warmup,
                              steps=steps, lr=run["lr"], batch_size=run["batch_size"], seed=run["seed"],
-                             local_steps=local_steps, outer=outer, fragments=split_stream(run["config"])[1],
-                             outer_delay=split_stream(run["config"])[2]))
+                             local_steps=local_steps, outer=outer, fragments=fragments, outer_delay=outer_delay))
     t0 = time.perf_counter()
     s = train_local(cfg, run["ranks"], progress=False)
     sched = schedules.resolve(schedules.parse(sync))

@@ -64,9 +64,10 @@ def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
     from lioncub.apps.train.loop import TrainConfig
 
     name, local_steps, outer = split_local(method)
+    _, fragments, outer_delay = split_stream(method)
     return TrainConfig(**{**SCENARIO, "model": model}, method=name, momentum_sync=sync, steps=steps,
                        ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer,
-                       fragments=split_stream(method)[1], outer_delay=split_stream(method)[2])
+                       fragments=fragments, outer_delay=outer_delay)
 
 
 def _runs(configs, ddp_hook, local_steps=None, outer=None):

@@ -38,7 +38,7 @@ class TrainConfig:
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
     local_steps: int | None = None  # LionCub(local_steps=H): H local steps, then an outer exchange of `method`
-    outer: str | None = None  # the outer optimizer with local_steps, "kind[:LR[:MU]]" (default nesterov)
+    outer: str | None = None  # the outer optimizer with local_steps, "kind[:LR[:MU]]" (default avg)
     fragments: int | None = None  # LionCub(fragments=F): stream the outer steps in F fragments
     outer_delay: int | None = None  # LionCub(outer_delay=D): inner steps a streamed exchange overlaps
     lr: float | None = None  # None: the model's DEFAULT_LR, the best of a measured sweep
