@@ -378,10 +378,11 @@ def test_bandwidth_notebook_draws_bytes_per_token_against_loss(kernel_env):
     points = [(ln["x"][0], ln["y"][0]) for ln in ax["lines"] if len(ln["x"]) == 1 and ln["marker"] in ("s", "D", "o")]
 
     expected = {}  # configuration: (bytes per token, loss %, SE % or None, seeds)
-    for (method, layout, H, F), (excess, se, seeds) in MEASURED.items():
+    for (method, layout, H, F, D), (excess, se, seeds) in MEASURED.items():
         hier = layout == "hierarchical"
-        name = f"{method}, H={H}" + (", nodes of 2" if hier else "") + (f", F={F}" if F else "")
-        x = _tiny_bytes_per_token(method, hier, local_steps=H, fragments=F)
+        name = f"{method}, H={H}" + (", nodes of 2" if hier else "") + (f", F={F}" + (f", D={D}" if D != 1 else "")
+                                                                       if F else "")
+        x = _tiny_bytes_per_token(method, hier, local_steps=H, fragments=F, outer_delay=D)
         expected[name] = (x, 100 * excess, 100 * se if se is not None and seeds > 1 else None, seeds)
     cmap = json.loads((REPO / "docs" / "results" / "convergence-map.json").read_text())
     here = [c for c in cmap["cells"] if (c["ranks"], c["batch_size"]) == (4, 16) and math.isclose(c["lr"], TINY_LR)]

@@ -166,6 +166,9 @@ def _search_arguments(s) -> None:
                         "layout (their risk: the worst measured local-step loss) (default measured)")
     s.add_argument("--fragments", metavar="F[,F...]",
                    help="with --local-steps H,...: also each H streamed in F fragments (LionCub(fragments=F))")
+    s.add_argument("--outer-delay", metavar="D[,D...]",
+                   help="with --fragments: each streamed configuration with each outer_delay D (default LionCub's, "
+                        "1; a larger D hides more of the exchange and costs loss)")
     s.add_argument("--no-overlap", action="store_true",
                    help="simulate allreduce as LionCub(method='allreduce') runs it, after backward (default: "
                         "overlapped with backward, as DDP does)")
@@ -291,7 +294,8 @@ def _search(args, st: _Setup) -> SearchResult:
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
                   overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
                   batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr, memory_per_rank=args.memory_per_rank,
-                  local_steps=_local_steps(args.local_steps), fragments=_csv(args.fragments, _int, "--fragments") or ())
+                  local_steps=_local_steps(args.local_steps), fragments=_csv(args.fragments, _int, "--fragments") or (),
+                  outer_delays=_csv(args.outer_delay, _int, "--outer-delay") or ())
 
 
 def _local_steps(text):

@@ -190,7 +190,7 @@ class SearchResult:
 
     def twin(self, c: Candidate, layout: str) -> Candidate | None:
         """The same configuration with another collective layout."""
-        key = lambda x: (x.method, x.levels, x.momentum_sync, x.bucket_mb, x.local_steps, x.fragments)
+        key = lambda x: (x.method, x.levels, x.momentum_sync, x.bucket_mb, x.local_steps, x.fragments, x.outer_delay)
         return next((x for x in self.candidates if x.layout == layout and key(x) == key(c)), None)
 
 
@@ -206,7 +206,8 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            algorithms: str = "backend", max_risk: float = math.inf, memory_bandwidth="2TB/s",
            beta2: float = 0.99, overlap: bool = True, cache: Cache | None = None,
            progress: bool = False, batch_size: int | None = None, lr: float | None = None,
-           tuned_lr: float | None = None, memory_per_rank=None, local_steps=None, fragments=()) -> SearchResult:
+           tuned_lr: float | None = None, memory_per_rank=None, local_steps=None, fragments=(),
+           outer_delays=()) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
     backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
@@ -226,6 +227,8 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     local_steps: also search LionCub(local_steps=H): "measured" (the configurations whose loss was measured,
         local_evidence.py), a list of H (each method, each layout, not streamed and streamed in each of
         `fragments`), or None. Their risk is the measured loss excess (the worst measured one where none was).
+    outer_delays: with a list of H, each streamed configuration also with each of these outer_delay D (default:
+        LionCub's own, 1); a D that F and H do not allow (D F >= H) is skipped.
 
     Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
     step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
@@ -239,7 +242,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     base = simulate_step(cluster, registry.BASELINE, params, None, BASELINE_BUCKET_MB, **step_kw)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
-    locals_ = _local_space(space, local_steps, fragments)
+    locals_ = _local_space(space, local_steps, fragments, outer_delays)
     cands += [c for key in locals_ if (c := _local_candidate(cluster, params, key, step_kw, base.step_seconds))]
     space["local_steps"] = [list(k) for k in locals_]
     if memory_per_rank is not None:
@@ -290,40 +293,43 @@ def _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, 
                 bucket_mb=buckets, layouts=layouts, momentum_syncs=scheds, l1_levels_by_layout=l1_levels)
 
 
-def _local_space(space: dict, local_steps, fragments) -> list[tuple[str, str, int, int | None]]:
-    """The local-step configurations to search: (method, layout, H, fragments or None)."""
+def _local_space(space: dict, local_steps, fragments, outer_delays=()) -> list[tuple]:
+    """The local-step configurations to search: (method, layout, H, F, D), F and D None when not streamed, D None
+    for LionCub's default."""
     if local_steps is None or local_steps == "none" or space["ranks"] == 1:
         return []
     layouts = [lay for lay in space["layouts"] if lay != "sharded"]  # (LionCub: no local steps on sharded models)
     if local_steps == "measured":
-        if fragments:
-            raise ValueError("fragments apply to the local steps given as a list (--local-steps H,...): the measured "
-                             "configurations carry their own")
+        if fragments or outer_delays:
+            raise ValueError("fragments and outer delays apply to the local steps given as a list (--local-steps "
+                             "H,...): the measured configurations carry their own")
         return local_evidence.configurations(space["methods"], layouts)
-    for name, values in (("local steps", local_steps), ("fragments", fragments)):
-        if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values):
-            raise ValueError(f"{name} must be positive integers, got {list(values)!r}")
-    return [(m, lay, H, F) for m in space["methods"] for lay in layouts
+    for name, values, low in (("local steps", local_steps, 1), ("fragments", fragments, 1),
+                              ("outer delays", outer_delays, 0)):
+        if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
+            raise ValueError(f"{name} must be integers >= {low}, got {list(values)!r}")
+    streamed = lambda H, F: [(F, D) for D in (outer_delays or [None]) if D is None or D * F < H]
+    return [(m, lay, H, *FD) for m in space["methods"] for lay in layouts
             if lay == "flat" or not registry.get(m).dense for H in local_steps
-            for F in [None, *(f for f in fragments if f <= H and lay == "flat")]]
+            for FD in [(None, None), *(fd for f in fragments if f <= H and lay == "flat" for fd in streamed(H, f))]]
 
 
 def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | None:
     """One local-step configuration in LionCub's automatic buckets (None where it cannot run: more fragments
     than buckets)."""
-    m, lay, H, F = key
+    m, lay, H, F, D = key
     bucket = wire.auto_bucket_mb(4 * params)
     if F is not None and F > math.ceil(params / max(1, int(bucket * 2**20 // 4))):
         return None
-    r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F, hierarchical=lay == "hierarchical",
-                      **step_kw)
+    r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F, outer_delay=D,
+                      hierarchical=lay == "hierarchical", **step_kw)
     step = r.step_seconds
     return Candidate(
         method=m, levels=None, momentum_sync="none", bucket_mb=bucket, layout=lay, step_seconds=step,
         compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds, optimizer_seconds=r.optimizer_seconds,
         communication_seconds=r.communication_seconds, exposed_communication_seconds=r.exposed_communication_seconds,
         momentum_sync_seconds=0.0, bytes_per_step=r.bytes_sent_per_rank, speedup=base_step / step,
-        syncs_per_step=0.0, collectives=r.collectives, risk=local_evidence.local_risk(m, lay, H, F),
+        syncs_per_step=0.0, collectives=r.collectives, risk=local_evidence.local_risk(m, lay, H, F, r.outer_delay),
         run_step_seconds=step, run_speedup=base_step / step, memory_bytes_per_rank=r.memory_bytes_per_rank,
         memory_fraction=r.memory_fraction, local_steps=H, fragments=r.fragments, outer_delay=r.outer_delay)
 
