@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from lioncub.apps.benchmarks.train import HIER, _configs, bench_convergence, bench_train, format_train
+from lioncub.apps.benchmarks.train import HIER, _configs, bench_convergence, bench_train, format_train, reforecast
 from lioncub.apps.lab import missing_privileges
 from lioncub.apps.train.cli import config_from_args, register
 from lioncub.apps.train.lab import link_per_step, predicted, prediction
@@ -156,3 +156,6 @@ def test_bench_train_runs_hierarchical_rows_on_hosts_of_two_ranks(capsys):
     assert hier["link_vs_baseline"] == pytest.approx(hier["link_bytes_per_step"] / flat["link_bytes_per_step"])
     assert 0 < hier["predicted_nic_bytes_per_step"] < flat["predicted_nic_bytes_per_step"]
     assert hier["predicted_step_seconds"] > 0
+    # the JSON holds what its forecasts were made from: made again from it, each is the same
+    for row in (flat, hier):
+        assert reforecast(res, r, row).step_seconds == pytest.approx(row["predicted_step_seconds"], rel=1e-9)

@@ -121,9 +121,31 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
         results.append(dict(bandwidth=bw, ranks=ranks, ranks_per_host=ranks_per_host, steps=steps, rows=rows,
                             baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
                             compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
-                            held_out=host["held_out"],
+                            held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"],
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
     return dict(model=model, scenario=SCENARIO, results=results, failed=failed)
+
+
+def reforecast(res: dict, result: dict, row: dict, profile=None):
+    """The forecast of one row of a `bench train` JSON (`res`; `result`: one of its results) made again from what
+    the JSON stores: the calibrated compute, host model, codec speeds (JSON before 2026-11-27 16:00 has none: the
+    profile's are used) and interval over `profile` (default: the bundled lab's). The StepResult; with the same
+    simulator and a JSON with codec speeds, its step is the row's predicted_step_seconds."""
+    import dataclasses
+
+    from lioncub.apps.calibrate import default_lab_profile
+    from lioncub.apps.train.predict import predict_step
+    from lioncub.simulator.units import parse_rate
+
+    base = profile or default_lab_profile()
+    prof = dataclasses.replace(base, host=result["host"], forecast_error=result["forecast_error"],
+                               codec_bandwidth=dict(base.codec_bandwidth, **result.get("codec_bandwidth", {})),
+                               name=f"{base.name}+host")
+    cfg = _cfg(row["method"], row["momentum_sync"], result["steps"], res["model"], row["ddp_hook"],
+               row["hierarchical"])
+    return predict_step(cfg, row["params"], result["compute_seconds"], ranks=result["ranks"],
+                        bandwidth=parse_rate(result["bandwidth"]), ranks_per_host=result["ranks_per_host"],
+                        profile=prof)
 
 
 def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks_per_host, steps, model) -> list:
