@@ -18,7 +18,9 @@ on the main thread.
   exchange is queued at its offset in the interval on one communication thread (first in, first out) and
   step() waits for it D inner steps later. The exposed time is what those waits add, from a timeline of the
   main thread (inner steps) and the thread (the exchanges) run until it repeats. On hosts where the codec runs on
-  the computing cores (codec_on_compute: CPU ranks) the thread's codec lengthens the inner steps instead.
+  the computing cores (codec_on_compute: CPU ranks) the thread's codec lengthens the inner steps instead. In
+  the node layout a fragment's time on the thread is its voter's exchange and then the leader's broadcasts of
+  the flag and of the fragment's agreed update inside the node (the inner steps' node mean stays in step()).
 
 A node broadcast is costed as an all-gather of the same output inside the node (the simulator's primitives
 have no broadcast; a pipelined broadcast and a ring all-gather move about the same bytes per link).
@@ -38,12 +40,12 @@ NODE_MEAN = "node mean allreduce"  # how StepResult.collectives lists the node l
 NODE_BROADCAST = "node broadcast"  # ... and the leader's broadcasts of the outer step inside the node
 
 
-def check(local_steps, fragments, outer_delay, hierarchical: bool, momentum_sync) -> tuple[int, int] | None:
+def check(local_steps, fragments, outer_delay, momentum_sync) -> tuple[int, int] | None:
     """(F, D) of a streamed configuration, None otherwise; one-line errors, LionCub's own."""
     if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
                                     or local_steps < 1 or momentum_sync):
         raise ValueError("local_steps must be an int >= 1, without momentum_sync")
-    return stagger.check_options(fragments, outer_delay, local_steps, hierarchical=hierarchical)
+    return stagger.check_options(fragments, outer_delay, local_steps)
 
 
 class NodeExchanges:
@@ -89,7 +91,7 @@ def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict,
         t["exposed"] += wait / H
         t["tail"] += [(ex["codec"] + passes) / H, wait / H]
     else:
-        ex = _streamed(t, voters, sizes, times, H, *stream, passes, drift)
+        ex = _streamed(t, voters, node, sizes, times, H, *stream, passes, drift)
     t["sent"] += ex["sent"] / H
     t["nic"] += ex["nic"] / H
     return t
@@ -132,15 +134,17 @@ def _exchange(voters, node, sizes: list[int], times: dict, colls: list, per_step
     return out
 
 
-def _streamed(t: dict, voters, sizes: list[int], times: dict, H: int, F: int, D: int, passes: float, drift) -> dict:
-    """The streamed outer steps: each fragment's exchange on the thread, step()'s waits from the timeline. A
-    fragment's exchange starts when the latest voter has launched it: drift over the H / F steps since the
-    previous application, which waited for every voter."""
+def _streamed(t: dict, voters, node, sizes: list[int], times: dict, H: int, F: int, D: int, passes: float,
+              drift) -> dict:
+    """The streamed outer steps: each fragment's exchange on the thread (in the node layout, the voter's exchange
+    and then its broadcasts inside the node), step()'s waits from the timeline. A fragment's exchange starts when
+    the latest voter has launched it: drift over the H / F steps since the previous application, which waited
+    for every voter."""
     frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)]
     whole = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
     busy = []  # each fragment's time on the thread
     for f in frags:
-        ex = _exchange(voters, None, f, times, t["collectives"], 1 / H)
+        ex = _exchange(voters, node, f, times, t["collectives"], 1 / H)
         for key in whole:
             whole[key] += ex[key]
         busy.append(drift(H / F) + ex["comm"] + (0.0 if times["codec_on_compute"] else ex["codec"]))

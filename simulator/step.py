@@ -200,7 +200,7 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
     """simulate_step in the flat and hierarchical layouts (every rank holds the whole model)."""
     meth = methods.get(method)
     _check_layout(meth, hierarchical)
-    stream = localsteps.check(local_steps, fragments, outer_delay, hierarchical, momentum_sync)
+    stream = localsteps.check(local_steps, fragments, outer_delay, momentum_sync)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile, cache = get_profile(backend), cache if cache is not None else Cache()

@@ -29,7 +29,7 @@ def offsets(H: int, F: int) -> list[int]:
     return [((f + 1) * H // F) % H for f in range(F)]
 
 
-def check_options(fragments, outer_delay, local_steps, *, hierarchical: bool):
+def check_options(fragments, outer_delay, local_steps):
     """LionCub's (fragments, outer_delay): (F, D), or None without fragments; one-line errors. D defaults to 1 when
     the fragments are staggered (1 < F < H), else 0."""
     if fragments is None:
@@ -44,6 +44,4 @@ def check_options(fragments, outer_delay, local_steps, *, hierarchical: bool):
     if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay * fragments < local_steps:
         raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {local_steps}/{fragments}, "
                          f"got {outer_delay!r}")
-    if hierarchical:
-        raise ValueError("fragments (streamed outer steps) does not combine with hierarchical=True yet")
     return int(fragments), int(delay)

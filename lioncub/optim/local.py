@@ -20,7 +20,7 @@ gradient (an fp32 all-reduce inside the node), and local rank 0 of every node vo
 broadcasts the agreed G inside its node (lioncub.optim.outer's exchange on the leaders' cross group).
 
 With fragments (lioncub.optim.streaming) the outer steps of the model's fragments are staggered over the H
-steps and overlap the next inner steps on a communication thread.
+steps and overlap the next inner steps on a communication thread, in either layout.
 
 The anchor is the parameters at the first step (after broadcast_parameters), then each outer step's result.
 state_dict() holds the anchor, the residuals, the outer momentum and the counters, so a resume anywhere in
@@ -132,19 +132,27 @@ class LocalSteps:
         and broadcasts G (or that the outer step is skipped) inside its node."""
         if self.nodes is None:
             return self.exchange.agree(self.anchor)
+        if self.nodes.local == 0:
+            self.exchange.pseudo_gradients(self.anchor)
+        return self.node_agree(range(len(self.engine.buckets)), self.engine.steps, self.nodes.intra)
+
+    def node_agree(self, ks, step: int, intra) -> tuple[list | None, list]:
+        """The node layout's agreement on buckets ks, their pseudo-gradients taken on the leader (local rank 0;
+        the others take none, as they hold no residual): its exchange across the nodes, then its broadcasts on
+        `intra` (this node's group) of whether the nodes voted and of G[k] for k in ks."""
         e, leader = self.engine, self.nodes.local == 0
-        G, collectives = self.exchange.agree(self.anchor) if leader else (None, [])
+        G, collectives = self.exchange.agree_taken(ks, step) if leader else (None, [])
         collectives = [wire.Collective(c.op, c.nbytes, c.dtype, "cross") for c in collectives]
-        src = dist.get_global_rank(self.nodes.intra, 0)
+        src = dist.get_global_rank(intra, 0)
         voted = torch.tensor([int(G is not None)], dtype=torch.int32, device=e.buckets.device)
-        transport.call("broadcast (outer voted)", dist.broadcast, voted, src=src, group=self.nodes.intra)
+        transport.call("broadcast (outer voted)", dist.broadcast, voted, src=src, group=intra)
         collectives.append(wire.Collective("broadcast", 4, "int32", "node"))
         if not int(voted):
             return None, collectives
         G = G if leader else self.exchange.received()
-        for t in G:
-            transport.call("broadcast (outer update)", dist.broadcast, t, src=src, group=self.nodes.intra)
-            collectives.append(wire.Collective("broadcast", t.numel() * 4, "float32", "node"))
+        for k in ks:
+            transport.call("broadcast (outer update)", dist.broadcast, G[k], src=src, group=intra)
+            collectives.append(wire.Collective("broadcast", G[k].numel() * 4, "float32", "node"))
         return G, collectives
 
     def outer_step(self) -> list:

@@ -118,7 +118,7 @@ class LionCub(torch.optim.Optimizer):
         sharded = any(isinstance(p, DTensor) for g in self.param_groups for p in g["params"])
         self._local_args = local.check_options(local_steps, outer, dense_warmup=dense_warmup,
                                                momentum_sync=momentum_sync, sharded=sharded) + (bool(error_feedback),)
-        self._streamed = stagger.check_options(fragments, outer_delay, local_steps, hierarchical=bool(hierarchical))
+        self._streamed = stagger.check_options(fragments, outer_delay, local_steps)
         overlap = overlap and local_steps is None  # local steps communicate in step() only
         if spec.dense and momentum_sync is not None:
             log.warning("LionCub: momentum_sync has no effect with method=%r (momenta are global)", spec.name)

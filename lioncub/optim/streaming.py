@@ -18,8 +18,13 @@ parameters are bit-identical on every rank. D < H / F: a fragment is applied bef
 One thread takes the exchanges in launch order (FIFO), and every rank launches the same fragments at the same
 steps, so the collectives' order is the same on every rank. They run on a process group of their own (when the
 optimizer's group is the whole world; made with the optimizer, since making it waits for every rank), so
-collectives the training loop issues meanwhile cannot interleave with them. The inner steps of the flat layout
-issue none; the node layout's do (inside each node), and it does not stream yet.
+collectives the training loop issues meanwhile cannot interleave with them.
+
+In the node layout (hierarchical=True) the thread runs, for a fragment's buckets, what the unstreamed outer
+step runs for all of them (lioncub.optim.local): local rank 0 of each node takes the pseudo-gradients (the
+others hold no residual: their node's are its leader's), votes across the nodes and broadcasts whether they
+voted and the agreed G inside its node. Its collectives run on copies of the cross group and of the node's
+group, since every inner step all-reduces the node's mean gradient on the node's own group meanwhile.
 
 The non-finite rule: a fragment whose pseudo-gradient is not finite on some rank skips its outer step on every
 rank (its parameters restart from the unchanged anchor). state_dict() waits for the exchanges in flight and
@@ -39,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from lioncub.comm import settle, stagger
+from lioncub.optim import nodes
 from lioncub.optim.worker import Worker
 
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Streaming with a thread, for shutdown()
@@ -74,7 +80,11 @@ class Streaming:
         self.local, self.F, self.D = local, F, D
         # Made here, not at the first launch: new_group waits for the slowest rank, and inside a step that wait
         # (a lab's start-up skew: seconds) was counted neither as compute nor as the exchanges' exposed time.
-        local.exchange.group = _own_group(local.engine)
+        if local.nodes is None:
+            local.exchange.group, self.intra = _own_group(local.engine), None
+        else:  # (built by every rank, every group in the same order: as the layout built its own)
+            own = nodes.Nodes(local.engine.group, local.nodes.size)
+            local.exchange.group, self.intra = own.cross, own.intra
         self.fragments = stagger.split([b.n for b in local.engine.buckets], F)
         self.offsets = stagger.offsets(local.H, F)
         self.pending: list[_Job] = []  # launched, not yet applied, in launch order
@@ -102,15 +112,18 @@ class Streaming:
         ex = self.local.exchange
         if not self._worker.started:
             _LIVE.add(self)
-        ex.pseudo_gradients(self.local.anchor, self.fragments[f])
+        ks = self.fragments[f]
+        if self.intra is None or self.local.nodes.local == 0:  # (a node's other ranks take none: see above)
+            ex.pseudo_gradients(self.local.anchor, ks)
+        run = (functools.partial(ex.agree_taken, ks, t) if self.intra is None
+               else functools.partial(self.local.node_agree, ks, t, self.intra))
         event = None
         if self._cuda:
             event = torch.cuda.Event()
             event.record()
         job = _Job(f, t, t + self.D, event)
         self.pending.append(job)
-        ks = self.fragments[f]
-        self._worker.put((job, lambda: ex.agree_taken(ks, t), self.launches))
+        self._worker.put((job, run, self.launches))
 
     def _wait(self, job: _Job) -> float:
         t0 = time.perf_counter()

@@ -6,6 +6,8 @@ optimizer in plain torch from the module's own formulas, without LionCub's code.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 
@@ -274,33 +276,66 @@ def fragment_tensors(opt, params):
     return [[index[id(p)] for k in ks for p in opt.engine.buckets[k].params] for ks in opt.local.stream.fragments]
 
 
-def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False):
-    params, opt = make(method, H, outer, fragments=F, outer_delay=delay)
+@contextlib.contextmanager
+def recording():
+    """Every step's collectives as LionCub records them: a list per step of (op, bytes, dtype, scope)."""
+    from lioncub.optim import steps as steps_module
+
+    out, real = [], steps_module.record
+
+    def record(engine, collectives, **kw):
+        out.append([(c.op, c.nbytes, c.dtype, c.scope) for c in collectives])
+        real(engine, collectives, **kw)
+
+    steps_module.record = record
+    try:
+        yield out
+    finally:
+        steps_module.record = real
+
+
+def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False,
+                    node_size=None):
+    """node_size: the node layout with nodes of that many ranks (`own_group` then: copies of both its groups)."""
+    params, opt = make(method, H, outer, node_size=node_size, fragments=F, outer_delay=delay)
+    s, nodes = opt.local.stream, opt.local.nodes
     own_group = opt.local.exchange.group is not opt.engine.group  # made with the optimizer, before any step
-    recs = run(params, opt, rank, 1, steps, bad, nan_at, chatter)
+    if nodes is not None:
+        own_group = opt.local.exchange.group is not nodes.cross and s.intra not in (None, nodes.intra)
+    with recording() as collectives:
+        recs = run(params, opt, rank, 1, steps, bad, nan_at, chatter)
     opt.state_dict()  # (waits for the exchanges in flight: `launches` lists what the thread ran, in its order)
-    s = opt.local.stream
     return dict(records=recs, residual=residuals_by_param(opt, params), fragments=fragment_tensors(opt, params),
                 launches=list(s.launches), delay=s.D, exchanges=s.exchanges, local_skips=opt.local.local_skips,
-                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips, own_group=own_group)
+                outer_steps=opt.local.outer_steps, outer_skips=opt.local.outer_skips, own_group=own_group,
+                collectives=collectives, buckets=[b.n for b in opt.engine.buckets], stream_fragments=s.fragments)
 
 
-def one_fragment_case(rank, world_size, method, H, outer, steps):
-    """fragments=1 (outer_delay 0) against no fragments: the same parameters and bytes at every step."""
-    plain = run(*make(method, H, outer, bucket_mb=STREAM_BUCKET_MB), rank, 1, steps)
-    params, opt = make(method, H, outer, fragments=1)
-    one = run(params, opt, rank, 1, steps)
+def one_fragment_case(rank, world_size, method, H, outer, steps, node_size=None):
+    """fragments=1 (outer_delay 0) against no fragments: the same parameters and bytes at every step, the same
+    collectives recorded, and at the end the same anchors and residuals."""
+    plain_params, plain_opt = make(method, H, outer, node_size=node_size, bucket_mb=STREAM_BUCKET_MB)
+    with recording() as plain_colls:
+        plain = run(plain_params, plain_opt, rank, 1, steps)
+    params, opt = make(method, H, outer, node_size=node_size, fragments=1)
+    with recording() as one_colls:
+        one = run(params, opt, rank, 1, steps)
     opt.state_dict()
     same = all(torch.equal(a, b) for ra, rb in zip(plain, one) for a, b in zip(ra["params"], rb["params"]))
+    a, b = plain_opt.local.state_dict(), opt.local.state_dict()
+    same_state = all(torch.equal(x, y) for key in ("anchor", "residual") for x, y in zip(a[key] or (), b[key] or ()))
     return dict(same=same, bytes=[r["bytes"] for r in plain] == [r["bytes"] for r in one],
-                launches=list(opt.local.stream.launches))
+                launches=list(opt.local.stream.launches), same_state=same_state,
+                same_collectives=plain_colls == one_colls, residual=b["residual"])
 
 
-def stream_resume_case(rank, world_size, method, H, outer, steps, cut, F, delay):
+def stream_resume_case(rank, world_size, method, H, outer, steps, cut, F, delay, node_size=None):
     """resume_case() with streamed outer steps (an exchange may be in flight at the cut)."""
-    return resume_case(rank, world_size, method, H, outer, steps, cut, fragments=F, outer_delay=delay)
+    return resume_case(rank, world_size, method, H, outer, steps, cut, fragments=F, outer_delay=delay,
+                       node_size=node_size)
 
 
-def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F, delay):
+def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F, delay, node_size=None):
     """dcp_resume_case() with streamed outer steps."""
-    return dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad, fragments=F, outer_delay=delay)
+    return dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad, node_size, fragments=F,
+                           outer_delay=delay)

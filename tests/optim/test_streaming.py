@@ -134,7 +134,6 @@ def test_options_are_checked_with_one_line_errors():
              (dict(local_steps=4, fragments=True), "fragments must be an int"),
              (dict(local_steps=4, fragments=2, outer_delay=2), "outer_delay must be an int >= 0 below"),
              (dict(local_steps=4, fragments=2, outer_delay=-1), "outer_delay must be"),
-             (dict(local_steps=4, fragments=2, hierarchical=True, node_size=2), "hierarchical"),
              (dict(local_steps=4, fragments=4, bucket_mb=1.0), "more than the optimizer's 1 buckets")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):

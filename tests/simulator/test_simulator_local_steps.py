@@ -115,15 +115,46 @@ def test_local_steps_in_the_node_layout():
     assert r.nic_bytes_per_node < flat.nic_bytes_per_node  # one voter per node instead of two
 
 
+@pytest.mark.parametrize("bandwidth", ["10Mbit", "10Gbit"])
+def test_streamed_outer_steps_in_the_node_layout(bandwidth):
+    """hierarchical=True with fragments: every step the node's mean of each bucket (exposed, in step()); on the
+    thread, per fragment, the voters' exchange across the nodes and the leader's broadcasts of the flag and of
+    the fragment's agreed update inside the node; step() waits for what each fragment outlasts D inner steps."""
+    from lioncub.simulator.localsteps import NODE_BROADCAST, NODE_MEAN
+
+    kw = dict(bandwidth=bandwidth, latency="30us")
+    cluster, H, F, D, P = Cluster(nodes=3, gpus_per_node=2, **kw), 20, 4, 2, 2**20
+    step = dict(STEP, params=P, bucket_mb=1.0)  # four buckets of 1 MiB: one per fragment
+    r = simulate_step(cluster, "vote-1bit", local_steps=H, fragments=F, outer_delay=D, hierarchical=True, **step)
+    node, cross = Cluster(nodes=1, gpus_per_node=2, **kw), Cluster(nodes=3, **kw)
+    meth, e = methods.get("vote-1bit"), P // 4
+    mean = 4 * simulate_collective(node, "allreduce", "auto", 4 * e, backend="ideal").seconds
+    votes = [simulate_collective(cross, c.op, "auto", c.nbytes, backend="ideal") for c in meth.collectives(e, 3, 0)]
+    control = simulate_collective(cross, wire.CONTROL.op, "auto", wire.CONTROL.nbytes, backend="ideal")
+    bcast = sum(simulate_collective(node, "allgather", "auto", n, backend="ideal").seconds for n in (4, 4 * e))
+    codec = meth.codec_bytes_per_element(3, 0) * e / MEM
+    wire_s = control.seconds + sum(v.seconds for v in votes) + bcast
+    inner = 0.01 + UPDATE_BYTES_PER_PARAM * P / MEM + mean + OUTER_BYTES_PER_PARAM * P / MEM / H
+    assert (r.fragments, r.outer_delay) == (F, D)
+    assert r.exposed_communication_seconds == pytest.approx(mean + F * max(0.0, wire_s + codec - D * inner) / H,
+                                                            rel=1e-9)
+    assert r.communication_seconds == pytest.approx(mean + F * wire_s / H, rel=1e-9)
+    assert r.nic_bytes_per_node == pytest.approx(F * (control.nic_bytes_per_node
+                                                      + sum(v.nic_bytes_per_node for v in votes)) / H, rel=1e-9)
+    assert {c["what"] for c in r.collectives} == {NODE_MEAN, NODE_BROADCAST, "control allreduce", "vote-1bit"}
+    one = simulate_step(cluster, "vote-1bit", local_steps=H, fragments=1, outer_delay=0, hierarchical=True, **step)
+    plain = simulate_step(cluster, "vote-1bit", local_steps=H, hierarchical=True, **step)
+    assert one.step_seconds == pytest.approx(plain.step_seconds, rel=1e-12)  # F = 1, D = 0: the unstreamed step
+    assert r.step_seconds <= plain.step_seconds
+
+
 def test_streaming_options_are_checked_as_lioncub_checks_them():
     cluster = Cluster(nodes=4, bandwidth="10Mbit")
     for kw, msg in [(dict(fragments=2), "only with local_steps"), (dict(local_steps=4, outer_delay=1), "only with"),
                     (dict(local_steps=4, fragments=5), r"fragments must be an int in \[1, local_steps=4\]"),
-                    (dict(local_steps=4, fragments=2, outer_delay=2), "outer_delay must be"),
-                    (dict(local_steps=4, fragments=2, hierarchical=True), "hierarchical")]:
+                    (dict(local_steps=4, fragments=2, outer_delay=2), "outer_delay must be")]:
         with pytest.raises(ValueError, match=msg):
-            simulate_step(Cluster(nodes=2, gpus_per_node=2) if "hierarchical" in kw else cluster, "vote-1bit",
-                          **kw, **STEP)
+            simulate_step(cluster, "vote-1bit", **kw, **STEP)
     with pytest.raises(ValueError, match="more than the optimizer's 1 buckets"):
         simulate_step(cluster, "vote-1bit", local_steps=4, fragments=2, **STEP)
 
