@@ -24,7 +24,9 @@ In the node layout (hierarchical=True) the thread runs, for a fragment's buckets
 step runs for all of them (lioncub.optim.local): local rank 0 of each node takes the pseudo-gradients (the
 others hold no residual: their node's are its leader's), votes across the nodes and broadcasts whether they
 voted and the agreed G inside its node. Its collectives run on copies of the cross group and of the node's
-group, since every inner step all-reduces the node's mean gradient on the node's own group meanwhile.
+group, since every inner step all-reduces the node's mean gradient on the node's own group meanwhile. That
+runs on Gloo only: NCCL does not allow two communicators of one device in use at once in orders that differ
+between ranks, so on NCCL it is refused (one line).
 
 The non-finite rule: a fragment whose pseudo-gradient is not finite on some rank skips its outer step on every
 rank (its parameters restart from the unchanged anchor). state_dict() waits for the exchanges in flight and
@@ -83,6 +85,7 @@ class Streaming:
         if local.nodes is None:
             local.exchange.group, self.intra = _own_group(local.engine), None
         else:  # (built by every rank, every group in the same order: as the layout built its own)
+            _check_backend(local.engine.group)
             own = nodes.Nodes(local.engine.group, local.nodes.size)
             local.exchange.group, self.intra = own.cross, own.intra
         self.fragments = stagger.split([b.n for b in local.engine.buckets], F)
@@ -167,6 +170,16 @@ class Streaming:
 
     def __del__(self):
         self.close()
+
+
+def _check_backend(group) -> None:
+    """The node layout streams on Gloo only: on NCCL the thread's node broadcasts would run beside the inner
+    steps' node all-reduce on another communicator of the same devices, in an order that differs between ranks,
+    which NCCL documents as unsafe (it can hang)."""
+    if dist.is_initialized() and dist.get_backend(group) != "gloo":
+        raise ValueError(f"fragments with hierarchical=True runs on Gloo only (this group's backend is "
+                         f"{dist.get_backend(group)}: NCCL does not allow collectives on two communicators of one "
+                         "device at once in different orders); use the flat layout's fragments or no fragments")
 
 
 def _own_group(engine):

@@ -135,3 +135,16 @@ def test_lioncub_checkpoint_resumes_across_an_exchange_in_flight(tmp_path):
     for rank, r in enumerate(reports):
         assert r["same"] and r["same_state"] and r["steps"] == 4 and r["loaded_own"], rank
         assert r["counts"][0] == (1 if rank < 2 else 0)
+
+
+def test_the_node_layout_streams_on_gloo_only(monkeypatch):
+    """On NCCL the thread's node broadcasts would run beside the inner steps' node all-reduce on another
+    communicator: refused in one line, before any exchange."""
+    from lioncub.optim import streaming
+
+    monkeypatch.setattr(streaming.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(streaming.dist, "get_backend", lambda group=None: "nccl")
+    with pytest.raises(ValueError, match="fragments with hierarchical=True runs on Gloo only"):
+        streaming._check_backend(None)
+    monkeypatch.setattr(streaming.dist, "get_backend", lambda group=None: "gloo")
+    streaming._check_backend(None)
