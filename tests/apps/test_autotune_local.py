@@ -78,7 +78,8 @@ def test_local_candidates_are_simulate_steps_with_their_measured_risk():
     other = search(CLUSTER, P, COMPUTE, backend="gloo", steps=2000, methods=["vote-1bit"], local_steps=[7],
                    fragments=[7])
     unmeasured = [c for c in other.candidates if c.local_steps == 7]
-    assert {(c.layout, c.fragments) for c in unmeasured} == {("flat", None), ("flat", 7), ("hierarchical", None)}
+    assert {(c.layout, c.fragments) for c in unmeasured} == {("flat", None), ("flat", 7), ("hierarchical", None),
+                                                             ("hierarchical", 7)}
     worst = max(v[0] for v in local_evidence.MEASURED.values())
     assert all(c.risk["excess"] == pytest.approx(worst) and not c.risk["measured"] for c in unmeasured)
 

@@ -311,7 +311,7 @@ def _local_space(space: dict, local_steps, fragments, outer_delays=()) -> list[t
     streamed = lambda H, F: [(F, D) for D in (outer_delays or [None]) if D is None or D * F < H]
     return [(m, lay, H, *FD) for m in space["methods"] for lay in layouts
             if lay == "flat" or not registry.get(m).dense for H in local_steps
-            for FD in [(None, None), *(fd for f in fragments if f <= H and lay == "flat" for fd in streamed(H, f))]]
+            for FD in [(None, None), *(fd for f in fragments if f <= H for fd in streamed(H, f))]]
 
 
 def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | None:
