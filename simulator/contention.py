@@ -12,9 +12,9 @@ all of them on the host's `Cores`):
 A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
 model), plus, when the host's cores are busy as it starts, a wake-up wait on every latency of its critical
 path and the wait for the last of its members to wake up (`HostModel.wake`, `harmonic`), while its
-software path (`call_cpu` per call, `byte_cpu` per byte sent and received) runs as a job on the cores: it
-ends when both are done. Compute comes in as measured with every rank of the host computing at once
-(`compute_seconds`): its work is that time at the share each of the host's ranks had then.
+software path (`HostModel.call_work`: `call_cpu` per peer of the probe's, `byte_cpu` per byte `moved`) runs
+as a job on the cores: it ends when both are done. Compute comes in as measured with every rank of the host
+computing at once (`compute_seconds`): its work is that time at the share each of the host's ranks had then.
 
 Every K steps the momenta are averaged after the update, one bucket after another; that time counts 1/K.
 """
@@ -42,13 +42,22 @@ class Call:
     seconds: float  # on an idle network, idle cores
     hops: float  # latencies on its critical path (each a wait that may wake a thread)
     members: int  # ranks that must all have entered it
-    bytes: float  # sent plus received by a member
+    bytes: float  # a member's bytes through its software path: sent plus received / efficiency (`moved`)
 
 
-def calls_of(result, probed, what: str, size: float, N: int, G: int) -> list[Call]:
+def moved(profile, op: str, sent: float) -> float:
+    """Bytes a member's software path moves for a collective `op` that sends `sent` payload bytes per member (and
+    receives as many): each payload byte is 1 / efficiency[op] bytes through the library and its TCP stack, the
+    same factor the network model charges the links (profiles.py). Gloo's reduce-scatter is an all-reduce of the
+    whole buffer (ProcessGroupGloo clones the input, all-reduces it and copies out the rank's chunk): the lab
+    calibration's reducescatter efficiency, 0.48 against allreduce's 1.00, is that doubling."""
+    return 2.0 * sent / (profile.family_efficiency(op) if profile is not None else 1.0)
+
+
+def calls_of(result, probed, what: str, size: float, N: int, G: int, profile=None) -> list[Call]:
     """The Calls of a CollectiveResult (a bucket's: one per part) with its twin simulated at HOP_PROBE more
-    latency (`probed`), which counts each part's latencies."""
-    parts = result.parts or [{"seconds": result.seconds, "scope": "world",
+    latency (`probed`), which counts each part's latencies; `profile`: the bytes each moves (`moved`)."""
+    parts = result.parts or [{"seconds": result.seconds, "scope": "world", "op": result.op,
                               "bytes_sent_per_rank": result.bytes_sent_per_rank}]
     twins = probed.parts or [{"seconds": probed.seconds}]
     members = {"world": N, "node": G or 1, "cross": N // G if G else N}
@@ -56,7 +65,7 @@ def calls_of(result, probed, what: str, size: float, N: int, G: int) -> list[Cal
     for part, twin in zip(parts, twins):
         hops = max(0.0, (twin["seconds"] - part["seconds"]) / HOP_PROBE)
         out.append(Call(what, result.algorithm, size, part["seconds"], hops, members[part.get("scope", "world")],
-                        2.0 * part["bytes_sent_per_rank"]))
+                        moved(profile, part["op"], part["bytes_sent_per_rank"])))
     return out
 
 
@@ -130,7 +139,7 @@ class StepSim:
         t0 = env.now
         wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
         net = env.timeout(c.seconds + wait)
-        cpu = self.cores.run(host.call_cpu + host.byte_cpu * c.bytes)
+        cpu = self.cores.run(host.call_work(c.members, c.bytes))
         yield env.all_of([net, cpu])
         self.comm_wall += env.now - t0
         self.tally.append({"what": c.what, "algorithm": c.algorithm, "size_bytes": c.size, "seconds": env.now - t0})
@@ -160,7 +169,8 @@ def compute_work(host: HostModel, weight: int, seconds: float) -> float:
 def control_call(ex, probed, N: int) -> Call:
     r, twin = ex.control(), probed.control()
     hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
-    return Call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, hops, N, 2.0 * r.bytes_sent_per_rank)
+    return Call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, hops, N,
+                moved(ex.profile, wire.CONTROL.op, r.bytes_sent_per_rank))
 
 
-__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective"]
+__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective", "moved"]

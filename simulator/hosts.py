@@ -21,7 +21,12 @@ a training run):
   exponential waits). Skew between ranks is that order statistic, so it grows with the group.
 * `call_cpu`, `byte_cpu`: CPU seconds a collective call costs each member (Python, the process group, the
   library's threads), and per byte it sends or receives (copies and the TCP stack, loopback or NIC): jobs
-  on the host's cores while the collective runs.
+  on the host's cores while the collective runs. `call_peers`: the peers (members - 1) of the call that
+  `call_cpu` was measured on. The fixed cost is per peer, not per call: a member's call progresses only as
+  each of the other members' threads gets its turn on the shared cores, so a call among m members costs
+  `call_cpu * (m - 1) / call_peers` (`call_work`), whatever the algorithm: a node collective among 2 of 8
+  ranks 1/7 of the 8-rank probe's. None: `call_cpu` per call whatever its group (profiles calibrated
+  before this was recorded).
 * `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
   (loopback TCP for Gloo ranks; NVLink or PCIe for GPUs): they replace the cluster's intra-node link.
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
@@ -60,6 +65,7 @@ class HostModel:
     intra_bandwidth: float | None = None
     intra_latency: float | None = None
     step_cv: float = 0.0
+    call_peers: float | None = None
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -76,6 +82,7 @@ class HostModel:
             number(name)
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
+        number("call_peers", allow_none=True, positive=True)
         s = self.shared_by
         if not (s in SCOPES or (isinstance(s, int) and not isinstance(s, bool) and s >= 1)):
             raise ValueError(f"host: shared_by must be {' or '.join(map(repr, SCOPES))} or a number of ranks >= 1, "
@@ -103,6 +110,15 @@ class HostModel:
         if self.shared_by == "node":
             return gpus_per_node
         return min(int(self.shared_by), ranks)
+
+    def call_work(self, members: int, nbytes: float) -> float:
+        """CPU seconds a collective among `members` ranks costs each of them for `nbytes` sent plus received:
+        `call_cpu` per peer of the probe's (`call_peers`; per call where that is not known) and `byte_cpu` per
+        byte."""
+        fixed = self.call_cpu
+        if self.call_peers is not None:
+            fixed *= max(0, int(members) - 1) / self.call_peers
+        return fixed + self.byte_cpu * nbytes
 
     def share(self, jobs: float) -> float:
         """The speed of each of `jobs` runnable jobs (background included separately)."""

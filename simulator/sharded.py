@@ -36,7 +36,7 @@ import dataclasses
 from lioncub.comm import wire
 
 from .collectives import simulate_collective, simulate_collectives
-from .contention import HOP_PROBE, Call, calls_of
+from .contention import HOP_PROBE, Call, calls_of, moved
 from .hosts import HostModel
 from .shardsim import ShardedSim, unshared_step
 
@@ -122,7 +122,7 @@ class Wire:
             r, t = (simulate_collectives(cl, self.profile, what, colls, self.spec, nbytes, self.cache,
                                          exact=self.exact, node_size=G) for cl in (self.cluster, self.twin))
             node = wire.traffic([c for c in colls if c.scope == "node"], N, G)[0]
-            self.memo[key] = calls_of(r, t, what, nbytes, N, G), dict(
+            self.memo[key] = calls_of(r, t, what, nbytes, N, G, self.profile), dict(
                 seconds=r.seconds, sent=r.bytes_sent_per_rank, node_sent=node, nic=r.nic_bytes_per_node,
                 algorithm=r.algorithm)
         return self.memo[key]
@@ -135,7 +135,7 @@ class Wire:
                                         cache=self.cache, exact=self.exact) for cl in (self.cluster, self.twin))
             hops = max(0.0, (t.seconds - r.seconds) / HOP_PROBE)
             self.memo["control"] = (Call("control", r.algorithm, c.nbytes, r.seconds, hops, self.cluster.ranks,
-                                         2.0 * r.bytes_sent_per_rank),
+                                         moved(self.profile, c.op, r.bytes_sent_per_rank)),
                                     dict(seconds=r.seconds, sent=r.bytes_sent_per_rank, node_sent=0.0,
                                          nic=r.nic_bytes_per_node, algorithm=r.algorithm))
         return self.memo["control"]

@@ -144,7 +144,7 @@ class ShardedSim:
         """contention.StepSim's collective: the network's time plus the waits for a core, beside its CPU work."""
         host, env = self.host, self.env
         wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
-        yield env.all_of([env.timeout(c.seconds + wait), self.cores.run(host.call_cpu + host.byte_cpu * c.bytes)])
+        yield env.all_of([env.timeout(c.seconds + wait), self.cores.run(host.call_work(c.members, c.bytes))])
 
 
 def unshared_step(plan: list, optimizer: float, control, sync: list, synchronous: bool, overlap: bool) -> dict:

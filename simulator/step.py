@@ -337,7 +337,7 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
         calls = []
         if N > 1:
             r, alg, size = ex.bucket(e)
-            calls = contention.calls_of(r, probed.bucket(e)[0], ex.meth.name, size, N, G)
+            calls = contention.calls_of(r, probed.bucket(e)[0], ex.meth.name, size, N, G, ex.profile)
             sent, nic = sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
             _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
         plan += [(e, times["codec_bytes"](e) / times["codec_bw"], calls)] * k
@@ -351,7 +351,7 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     if K is not None and N > 1 and not meth.dense:
         for e, k in buckets:
             r = ex.momentum_sync(e)
-            sync += contention.calls_of(r, probed.momentum_sync(e), MOMENTUM_SYNC, 4 * e, N, G) * k
+            sync += contention.calls_of(r, probed.momentum_sync(e), MOMENTUM_SYNC, 4 * e, N, G, ex.profile) * k
             sent, nic = sent + k * r.bytes_sent_per_rank / K, nic + k * r.nic_bytes_per_node / K
             _tally(colls, MOMENTUM_SYNC, r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
     sim = contention.StepSim(host, weight, work, plan, control, sync, overlap and N > 1)

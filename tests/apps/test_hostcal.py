@@ -121,3 +121,13 @@ def test_step_variation_is_each_ranks_own():
     cvs = sorted(statistics.stdev(r) / statistics.fmean(r) for r in ranks)
     assert step_cv([t for r in ranks for t in r], 4) == pytest.approx((cvs[1] + cvs[2]) / 2)
     assert step_cv([0.1] * 4, 4) == 0.0  # one step per rank: nothing to measure
+
+
+def test_the_fit_records_the_probes_peers():
+    profile = get_profile("gloo")
+    truth = HostModel(cores=2.0, shared_by="cluster", background=0.5, call_cpu=2e-4, byte_cpu=5e-10)
+    for ranks in (2, 4, 8):
+        host, _ = fit_host(_raw_from(truth, ranks, profile), profile)
+        assert host.call_peers == ranks - 1  # the control all-reduce among every rank of the run
+        # the probe itself is charged what was measured on it
+        assert host.call_work(ranks, 0) == pytest.approx(host.call_cpu)

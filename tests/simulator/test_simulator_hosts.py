@@ -155,3 +155,66 @@ def test_expected_max_of_normals():
     host = HostModel(step_cv=0.2)
     assert host.drift(9, 0.5, 4) == pytest.approx(0.2 * 0.5 * 3 * expected_max(4))
     assert HostModel().drift(9, 0.5, 4) == 0.0
+
+
+def test_a_calls_fixed_cpu_is_per_peer_of_the_probes():
+    # measured on an all-reduce among 8 (7 peers): a call among m members costs (m - 1) / 7 of it
+    host = HostModel(cores=2, shared_by="cluster", call_cpu=7e-3, byte_cpu=1e-9, call_peers=7.0)
+    assert host.call_work(8, 0) == pytest.approx(7e-3)
+    assert host.call_work(2, 0) == pytest.approx(1e-3)
+    assert host.call_work(4, 1000) == pytest.approx(3e-3 + 1e-6)
+    assert host.call_work(1, 0) == 0.0
+    # a profile calibrated before the probe's peers were recorded: per call, whatever the group
+    assert dataclasses.replace(host, call_peers=None).call_work(2, 0) == pytest.approx(7e-3)
+    with pytest.raises(ValueError, match="call_peers"):
+        HostModel(call_peers=0.0)
+
+
+@pytest.mark.parametrize("nodes,g", [(4, 2), (2, 4), (2, 2)])
+@pytest.mark.parametrize("peers", [None, "probe"])
+def test_the_node_layouts_collective_cpu_against_its_groups(nodes, g, peers):
+    # a step whose only cost is the collectives' fixed CPU (an ideal network 10^6 times faster than it, no
+    # compute, codec or update, no byte cost): nothing overlaps (overlap=False), so the step is the CPU of its
+    # calls at the share of N ranks on the cores. The calls from LionCub's layout: one control all-reduce among
+    # all N ranks, then per bucket a reduce-scatter among the node's G, the method's two collectives (vote-1bit:
+    # all-to-all, all-gather) among the N/G voters of its cross group, an all-gather among the node's G.
+    N, M, buckets, call = nodes * g, nodes, 3, 1e-3
+    host = dict(cores=2.0, shared_by="cluster", background=1.0, call_cpu=call,
+                call_peers=None if peers is None else float(N - 1))
+    profile = dataclasses.replace(get_profile("ideal"), name="t", host=host)
+    cluster = Cluster.for_ranks(N, g, bandwidth="1000Pbit", latency=0.0, intra_bandwidth="1000Pbit",
+                                intra_latency=0.0)
+    params = buckets * 2**18
+    share = 2.0 / (N + 1.0)  # processor sharing: N ranks' one job each and the background on 2 cores
+
+    def step(hier):
+        return simulate_step(cluster, "vote-1bit", params, None, 1.0, 0.0, backend=profile, overlap=False,
+                             memory_bandwidth="1e18B/s", hierarchical=hier).step_seconds
+
+    if peers is None:  # per call: the flat layout's 2 calls per bucket, the node layout's 4
+        flat, hier = call * (1 + 2 * buckets) / share, call * (1 + 4 * buckets) / share
+    else:  # per peer: the control's N - 1 peers, the flat calls' N - 1 each, the node and cross calls' G - 1, M - 1
+        flat = call * (1 + 2 * buckets) / share
+        hier = call * ((N - 1) + buckets * (2 * (g - 1) + 2 * (M - 1))) / (N - 1) / share
+    assert step(False) == pytest.approx(flat, rel=1e-6)
+    assert step(True) == pytest.approx(hier, rel=1e-6)
+
+
+@pytest.mark.parametrize("g", [2, 4])
+def test_a_gloo_node_reduce_scatter_moves_an_all_reduces_bytes(g):
+    # torch's Gloo reduce_scatter_tensor all-reduces a clone of the whole buffer: a member moves the ring
+    # all-reduce's 2 (G-1)/G n bytes each way, not the ring reduce-scatter's (G-1)/G n. The profile says so the way
+    # the lab calibration does, with a reducescatter efficiency of half the allreduce's.
+    from lioncub.simulator import simulate_collective
+    from lioncub.simulator.contention import calls_of
+
+    profile = dataclasses.replace(get_profile("gloo"), efficiency={"allreduce": 1.0, "reducescatter": 0.5})
+    cluster = Cluster.for_ranks(4 * g, g, bandwidth="1Gbit", latency="20us")
+    n = 4 * 2**20  # the fp32 bucket, bytes
+    r = simulate_collective(cluster, "vote-1bit", "auto", n, profile, hierarchical=True)
+    calls = calls_of(r, r, "vote-1bit", n, 4 * g, g, profile)
+    node_rs = [c for c, p in zip(calls, r.parts) if p["op"] == "reducescatter" and p["scope"] == "node"]
+    assert len(node_rs) == 1 and node_rs[0].members == g
+    assert node_rs[0].bytes == pytest.approx(2 * 2 * (g - 1) / g * n)
+    # without a profile (or efficiency 1) the ring formula's bytes
+    assert calls_of(r, r, "vote-1bit", n, 4 * g, g)[0].bytes == pytest.approx(2 * (g - 1) / g * n)

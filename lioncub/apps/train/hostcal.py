@@ -13,8 +13,11 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * `background` (other runnable work on the host): from the CPU time over the wall time of the codec alone
   (min(1, C / (1 + b))); where that is 1, from the codec's slowdown beside every rank's compute against alone,
   share(1) / share(2R) = (2R + b) / C under processor sharing;
-* the control message's all-reduce on idle cores: all CPU on loopback, so `call_cpu` = its time x share(R);
-* the largest all-reduce on idle cores: `byte_cpu` (CPU per byte sent and received) and `intra_bandwidth`;
+* the control message's all-reduce on idle cores: all CPU on loopback, so `call_cpu` = its time x share(R),
+  measured among R members: `call_peers` = R - 1 (a collective among m members costs call_cpu (m - 1) / (R - 1),
+  HostModel.call_work; the hierarchical layout's node collectives have G members, its cross ones N/G);
+* the largest all-reduce on idle cores: `byte_cpu` (CPU per byte moved: sent and received / the profile's
+  allreduce efficiency, contention.moved) and `intra_bandwidth`;
 * the control message's all-reduce with every rank computing: `wake`, the wait for a core on each latency of
   its critical path and for the last member (the contended model solved for it, hosts.py);
 * the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
@@ -34,7 +37,7 @@ import statistics
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.simulator import Cluster, simulate_collective
-from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective
+from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, moved
 from lioncub.simulator.hosts import HostModel
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
@@ -97,8 +100,8 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
                                "auto", nbytes, profile)
     hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
-    moved = 2.0 * wire.bus_factor("allreduce", ranks) * nbytes
-    return Call("probe", r.algorithm, nbytes, r.seconds, hops, ranks, moved)
+    return Call("probe", r.algorithm, nbytes, r.seconds, hops, ranks,
+                moved(profile, "allreduce", wire.bus_factor("allreduce", ranks) * nbytes))
 
 
 def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
@@ -126,13 +129,13 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
     share = _share(C, b, R)
     call_cpu = raw["idle"][small] * share
-    moved = 2.0 * wire.bus_factor("allreduce", R) * SIZES[-1]
-    byte_cpu = max(0.0, raw["idle"][big] * share - call_cpu) / moved
+    byte_cpu = max(0.0, raw["idle"][big] * share - call_cpu) / moved(profile, "allreduce",
+                                                                     wire.bus_factor("allreduce", R) * SIZES[-1])
     wire_s = raw["idle"][big] - raw["idle"][small]
     # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
-                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R))
+                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1))
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
 
