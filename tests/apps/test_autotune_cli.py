@@ -187,6 +187,9 @@ def test_calibration_file_is_used(tmp_path, capsys):
     (["--model", "mlp", *SLOW, "--local-steps", "ten"], "--local-steps: not an integer"),
     (["--model", "mlp", *SLOW, "--local-steps", "10", "--fragments", "x"], "--fragments: not an integer"),
     (["--model", "mlp", *SLOW, "--fragments", "5"], "fragments apply to the local steps given as a list"),
+    (["--model", "mlp", *SLOW, "--outer-delay", "3"], "outer delays apply to the local steps given as a list"),
+    (["--model", "mlp", *SLOW, "--local-steps", "10", "--fragments", "5", "--outer-delay", "-1"],
+     "outer delays must be integers >= 0"),
 ])
 def test_bad_input_is_a_clear_error(argv, match, capsys):
     assert main(["autotune", *argv]) == 2

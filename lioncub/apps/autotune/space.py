@@ -301,13 +301,13 @@ def _local_space(space: dict, local_steps, fragments, outer_delays=()) -> list[t
     layouts = [lay for lay in space["layouts"] if lay != "sharded"]  # (LionCub: no local steps on sharded models)
     if local_steps == "measured":
         if fragments or outer_delays:
-            raise ValueError("fragments and outer delays apply to the local steps given as a list (--local-steps "
-                             "H,...): the measured configurations carry their own")
+            raise ValueError(f"{'fragments' if fragments else 'outer delays'} apply to the local steps given as a list "
+                             "(--local-steps H,...): the measured configurations carry their own")
         return local_evidence.configurations(space["methods"], layouts)
     for name, values, low in (("local steps", local_steps, 1), ("fragments", fragments, 1),
                               ("outer delays", outer_delays, 0)):
         if any(isinstance(v, bool) or not isinstance(v, int) or v < low for v in values):
-            raise ValueError(f"{name} must be integers >= {low}, got {list(values)!r}")
+            raise ValueError(f"{name} must be {'positive integers' if low else 'integers >= 0'}, got {list(values)!r}")
     streamed = lambda H, F: [(F, D) for D in (outer_delays or [None]) if D is None or D * F < H]
     return [(m, lay, H, *FD) for m in space["methods"] for lay in layouts
             if lay == "flat" or not registry.get(m).dense for H in local_steps
