@@ -34,9 +34,10 @@ the method's `hierarchical_collectives`: a reduce-scatter inside every node, the
 the S = wire.shard_elements(n, G) element shard across nodes (G groups of N/G ranks sharing each NIC),
 an all-gather of the agreed codes inside every node (simulated on sub-groups: groups.py); the momentum
 sync is an fp32 allreduce of the shard across nodes; the control allreduce stays one world allreduce.
-Codec per bucket: the method's codec_bytes_per_element for N/G voters on the S-element shard, one pass
-over the bucket's n gradients into the reduce-scatter's buffer (read fp32, write the wire dtype) and
-the decode of all G gathered shards' codes (G * agreed_bytes(S)). The Lion update stays 20 bytes per
+Codec per bucket: the method's codec_bytes_per_element for N/G voters on the S-element shard and the
+decode of all G gathered shards' codes (G * agreed_bytes(S)) at the codec's speed, and one pass over the
+bucket's n gradients into the reduce-scatter's buffer (read fp32, write the wire dtype) at the Lion update's
+(a memory pass: on CPU ranks several times the compute-bound codec's speed). The Lion update stays 20 bytes per
 parameter (an upper bound: each rank updates the momentum of its shard only).
 
 Sharded layout (`sharded=True`: the model sharded by FSDP2 inside nodes of G ranks, HSDP): FSDP's all-gathers
@@ -450,11 +451,12 @@ class _Exchanges:
 def _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, N, G, levels, grad_dtype) -> dict:
     """Forward and backward, the Lion update, and the codec (bytes per bucket, at the codec's speed)."""
     t_bwd = compute * backward_fraction
+    codec_bw = profile.codec_bandwidth.get(meth.name, mem_bw)
+    update_bw = profile.codec_bandwidth.get("update", mem_bw)
     return dict(
-        fwd=compute - t_bwd, bwd=t_bwd,
-        optimizer=UPDATE_BYTES_PER_PARAM * P / profile.codec_bandwidth.get("update", mem_bw),
-        codec_bytes=_codec_bytes(meth, N, G, levels, grad_dtype),
-        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), codec_on_compute=profile.codec_on_compute)
+        fwd=compute - t_bwd, bwd=t_bwd, optimizer=UPDATE_BYTES_PER_PARAM * P / update_bw,
+        codec_bytes=_codec_bytes(meth, N, G, levels, grad_dtype, codec_bw / update_bw),
+        codec_bw=codec_bw, codec_on_compute=profile.codec_on_compute)
 
 
 def _communicate(ex, meth, buckets, P, times, overlap, K) -> dict:
@@ -506,9 +508,12 @@ def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backwar
     return int(P), K, compute, mem_bw
 
 
-def _codec_bytes(meth, N, G, levels, grad_dtype):
-    """Device-memory bytes the codec kernels move for a bucket of e parameters, as a function of e (flat:
-    the method's bytes per element; hierarchical: see the module's docstring)."""
+def _codec_bytes(meth, N, G, levels, grad_dtype, copy_cost: float = 1.0):
+    """Device-memory bytes the codec kernels move for a bucket of e parameters, at the codec's speed, as a
+    function of e (flat: the method's bytes per element; hierarchical: see the module's docstring). The
+    hierarchical layout's copy of the bucket into the reduce-scatter is a plain memory pass, which runs at the
+    Lion update's speed, not the codec's: its bytes count `copy_cost` = codec speed / update speed each (about
+    1 on a GPU, where both are memory-bound; well below 1 on CPU ranks, whose codec is compute-bound)."""
     if not G:
         per = meth.codec_bytes_per_element(N, levels or 0, grad_dtype)
         return lambda e: per * e
@@ -517,7 +522,7 @@ def _codec_bytes(meth, N, G, levels, grad_dtype):
     per = meth.codec_bytes_per_element(M, lv, grad_dtype)
     if G == 1:
         return lambda e: per * wire.shard_elements(e, 1)
-    rs_in = 4 + wire.DTYPE_BYTES[grad_dtype]
+    rs_in = (4 + wire.DTYPE_BYTES[grad_dtype]) * copy_cost
 
     def bucket(e):
         S = wire.shard_elements(e, G)

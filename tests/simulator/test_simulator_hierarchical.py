@@ -5,7 +5,7 @@ its busiest link, and in the hierarchical layout the G cross groups' flows share
 """
 
 import pytest
-from lioncub.simulator import Cluster, simulate_collective, simulate_step
+from lioncub.simulator import Cluster, get_profile, simulate_collective, simulate_step
 
 from lioncub import methods
 from lioncub.comm import wire
@@ -120,6 +120,18 @@ def test_hierarchical_codec_runs_on_the_shard():
     m, S = methods.get("vote-1bit"), wire.shard_elements(n, 4)
     want = m.codec_bytes_per_element(4) * S + (4 + 4) * n + 4 * m.agreed_bytes(S, 4)
     assert r.codec_seconds == pytest.approx(want / mem, rel=1e-12)
+
+
+def test_hierarchical_copy_into_the_reduce_scatter_runs_at_the_update_speed():
+    """Where the codec is slower than a memory pass (CPU ranks: compute-bound), the copy of the bucket into the
+    reduce-scatter runs at the Lion update's speed, the codec's own passes at the codec's."""
+    c = Cluster(nodes=4, gpus_per_node=4, bandwidth="10Gbit")
+    n, codec, update = 2**20, 4e9, 32e9
+    prof = get_profile("nccl").replace(codec_bandwidth={"vote-1bit": codec, "update": update})
+    r = simulate_step(c, "vote-1bit", params=n, compute_seconds=0.1, bucket_mb=4, backend=prof, hierarchical=True)
+    m, S = methods.get("vote-1bit"), wire.shard_elements(n, 4)
+    want = (m.codec_bytes_per_element(4) * S + 4 * m.agreed_bytes(S, 4)) / codec + (4 + 4) * n / update
+    assert r.codec_seconds == pytest.approx(want, rel=1e-12)
 
 
 def test_cluster_scale_runs_one_group_alone():
