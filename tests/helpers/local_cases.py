@@ -339,3 +339,26 @@ def stream_dcp_case(rank, world_size, method, H, outer, steps, cut, path, bad, F
     """dcp_resume_case() with streamed outer steps."""
     return dcp_resume_case(rank, world_size, method, H, outer, steps, cut, path, bad, node_size, fragments=F,
                            outer_delay=delay)
+
+
+def stream_schedule(H, F, D, steps):
+    """(launch step, fragment, applied at) of every streamed exchange, in launch order, from the issue's own rule."""
+    out = []
+    for t in range(1, steps + 1):
+        out += [(t, f, t + D) for f in range(F) if t % H == ((f + 1) * H // F) % H]
+    return out
+
+
+def check_stream_order(reports, H, F, D, steps) -> list:
+    """Right after its outer step a fragment's tensors are the same bits on every rank; every rank's thread ran the
+    exchanges in the schedule's order; each applied once. Returns the (step, fragment) applications."""
+    fragments, schedule = reports[0]["fragments"], stream_schedule(H, F, D, steps)
+    applied = [(due, f) for _, f, due in schedule if due <= steps]
+    for due, f in applied:
+        first = reports[0]["records"][due - 1]["params"]
+        for rep in reports[1:]:
+            assert all(torch.equal(first[t], rep["records"][due - 1]["params"][t]) for t in fragments[f]), (due, f)
+    for rep in reports:
+        assert rep["launches"] == [(t, f) for t, f, _ in schedule]
+        assert rep["exchanges"] == rep["outer_steps"] == len(applied) and rep["outer_skips"] == 0
+    return applied

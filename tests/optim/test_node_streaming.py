@@ -13,11 +13,6 @@ from lioncub.comm.spawn import spawn
 from lioncub.optim.outer import parse_outer
 
 
-def _schedule(H, F, D, steps):
-    """(launch step, fragment, applied at) of every exchange, in launch order, from the issue's own rule."""
-    return [(t, f, t + D) for t in range(1, steps + 1) for f in range(F) if t % H == ((f + 1) * H // F) % H]
-
-
 def _check(reports, method, outer, H, F, D, steps, G, bad=None):
     kind, outer, world = lc.KINDS[method], parse_outer(outer), len(reports)
     fragments = reports[0]["fragments"]
@@ -31,15 +26,7 @@ def _check(reports, method, outer, H, F, D, steps, G, bad=None):
                 torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6, msg=f"{method} rank {rank} step {step}")
         for got, want in zip(rep["residual"], residual[rank]):  # the leaders' own; the others' stay zero
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6, msg=f"{method} rank {rank} residual")
-    schedule = _schedule(H, F, D, steps)
-    applied = [(due, f) for _, f, due in schedule if due <= steps]
-    for due, f in applied:  # right after its outer step, the fragment's tensors are the same bits on every rank
-        first = reports[0]["records"][due - 1]["params"]
-        for rep in reports[1:]:
-            assert all(torch.equal(first[t], rep["records"][due - 1]["params"][t]) for t in fragments[f]), (due, f)
-    for rep in reports:
-        assert rep["launches"] == [(t, f) for t, f, _ in schedule]  # the thread's order, the same on every rank
-        assert rep["exchanges"] == rep["outer_steps"] == len(applied) and rep["outer_skips"] == 0
+    applied = lc.check_stream_order(reports, H, F, D, steps)
     _check_collectives(reports, G, steps, applied)
 
 
