@@ -51,10 +51,10 @@ def moved(profile, op: str, sent: float) -> float:
     same factor the network model charges the links (profiles.py). Gloo's reduce-scatter is an all-reduce of the
     whole buffer (ProcessGroupGloo clones the input, all-reduces it and copies out the rank's chunk): the lab
     calibration's reducescatter efficiency, 0.48 against allreduce's 1.00, is that doubling."""
-    return 2.0 * sent / (profile.family_efficiency(op) if profile is not None else 1.0)
+    return 2.0 * sent / profile.family_efficiency(op)
 
 
-def calls_of(result, probed, what: str, size: float, N: int, G: int, profile=None) -> list[Call]:
+def calls_of(result, probed, what: str, size: float, N: int, G: int, profile) -> list[Call]:
     """The Calls of a CollectiveResult (a bucket's: one per part) with its twin simulated at HOP_PROBE more
     latency (`probed`), which counts each part's latencies; `profile`: the bytes each moves (`moved`)."""
     parts = result.parts or [{"seconds": result.seconds, "scope": "world", "op": result.op,

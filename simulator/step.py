@@ -508,7 +508,7 @@ def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backwar
     return int(P), K, compute, mem_bw
 
 
-def _codec_bytes(meth, N, G, levels, grad_dtype, copy_cost: float = 1.0):
+def _codec_bytes(meth, N, G, levels, grad_dtype, copy_cost: float):
     """Device-memory bytes the codec kernels move for a bucket of e parameters, at the codec's speed, as a
     function of e (flat: the method's bytes per element; hierarchical: see the module's docstring). The
     hierarchical layout's copy of the bucket into the reduce-scatter is a plain memory pass, which runs at the

@@ -131,16 +131,13 @@ def reforecast(res: dict, result: dict, row: dict, profile=None):
     the JSON stores: the calibrated compute, host model, codec speeds (JSON before 2026-11-27 16:00 has none: the
     profile's are used) and interval over `profile` (default: the bundled lab's). The StepResult; with the same
     simulator and a JSON with codec speeds, its step is the row's predicted_step_seconds."""
-    import dataclasses
-
     from lioncub.apps.calibrate import default_lab_profile
+    from lioncub.apps.train.hostcal import with_host
     from lioncub.apps.train.predict import predict_step
     from lioncub.simulator.units import parse_rate
 
-    base = profile or default_lab_profile()
-    prof = dataclasses.replace(base, host=result["host"], forecast_error=result["forecast_error"],
-                               codec_bandwidth=dict(base.codec_bandwidth, **result.get("codec_bandwidth", {})),
-                               name=f"{base.name}+host")
+    prof = with_host(profile or default_lab_profile(), result["host"], result.get("codec_bandwidth", {}),
+                     result["forecast_error"])
     cfg = _cfg(row["method"], row["momentum_sync"], result["steps"], res["model"], row["ddp_hook"],
                row["hierarchical"])
     return predict_step(cfg, row["params"], result["compute_seconds"], ranks=result["ranks"],

@@ -177,6 +177,13 @@ def error_band(residuals: dict) -> list[float]:
     return [round(min(0.0, *vals), 4), round(max(0.0, *vals), 4)]
 
 
+def with_host(profile, host: dict, speeds: dict, band):
+    """`profile` with a host calibration: its host model (a dict), its codec speeds alone over the profile's, its
+    forecast interval."""
+    return dataclasses.replace(profile, host=host, codec_bandwidth=dict(profile.codec_bandwidth, **speeds),
+                               forecast_error=band, name=f"{profile.name}+host")
+
+
 def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None):
     """(profile with `host`, its codec speeds alone and `forecast_error`; a report dict) for runs of `cfg` on
     `ranks` ranks of this machine. `profile`: the network's calibration (default: the bundled lab's)."""
@@ -192,10 +199,10 @@ def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None):
     host, speeds = fit_host(raw, profile)
     residuals = held_out(raw, profile, host)
     band = error_band(residuals)
-    out = dataclasses.replace(profile, host=host.to_dict(), codec_bandwidth=dict(profile.codec_bandwidth, **speeds),
-                              forecast_error=band, name=f"{profile.name}+host")
+    out = with_host(profile, host.to_dict(), speeds, band)
     return out, dict(compute_seconds=statistics.median(raw["compute"]), host=host.to_dict(), codec_bandwidth=speeds,
                      held_out=residuals, forecast_error=band, raw=raw)
 
 
-__all__ = ["background_from", "calibrate_host", "error_band", "fit_host", "held_out", "measure_host", "probe_call"]
+__all__ = ["background_from", "calibrate_host", "error_band", "fit_host", "held_out", "measure_host", "probe_call",
+           "with_host"]
