@@ -10,8 +10,9 @@ all of them on the host's `Cores`):
   control message. Without overlap the main thread does the same after backward (control message first).
 
 A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
-model), plus, when the host's cores are busy as it starts, a wake-up wait on every latency of its critical
-path and the wait for the last of its members to wake up (`HostModel.wake`, `harmonic`), while its
+model), cut at each wait of its critical path (`HostModel.waits`: where a member's thread blocks until a
+message arrives) and at the wait for the last of its members (`harmonic`), each followed by a wake-up wait
+(`HostModel.wake`) if every core of the host is busy at that moment, while its
 software path (`HostModel.call_work`: `call_cpu` per peer of the probe's, `byte_cpu` per byte `moved`) runs
 as a job on the cores: it ends when both are done. Compute comes in as measured with every rank of the host
 computing at once (`compute_seconds`): its work is that time at the share each of the host's ranks had then.
@@ -21,6 +22,7 @@ Every K steps the momenta are averaged after the update, one bucket after anothe
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import simpy
@@ -40,9 +42,11 @@ class Call:
     algorithm: str
     size: float
     seconds: float  # on an idle network, idle cores
-    hops: float  # latencies on its critical path (each a wait that may wake a thread)
+    hops: float  # latencies on the simulated algorithm's critical path
     members: int  # ranks that must all have entered it
     bytes: float  # a member's bytes through its software path: sent plus received / efficiency (`moved`)
+    op: str = "allreduce"
+    buffer: float = 0.0  # the collective's buffer, bytes (an all-reduce's tensor; a member's share x members)
 
 
 def moved(profile, op: str, sent: float) -> float:
@@ -54,19 +58,25 @@ def moved(profile, op: str, sent: float) -> float:
     return 2.0 * sent / profile.family_efficiency(op)
 
 
+def make_call(what: str, algorithm: str, size: float, seconds: float, latencies: float, members: int, op: str,
+              sent: float, profile) -> Call:
+    """A Call of a collective `op` whose member sends `sent` payload bytes: the bytes its software path moves
+    (`moved`) and its buffer (what the library's program is cut by, HostModel.waits)."""
+    buffer = sent / wire.bus_factor(op, members) if members > 1 else 0.0
+    return Call(what, algorithm, size, seconds, latencies, members, moved(profile, op, sent), op, buffer)
+
+
 def calls_of(result, probed, what: str, size: float, N: int, G: int, profile) -> list[Call]:
     """The Calls of a CollectiveResult (a bucket's: one per part) with its twin simulated at HOP_PROBE more
-    latency (`probed`), which counts each part's latencies; `profile`: the bytes each moves (`moved`)."""
+    latency (`probed`), which counts each part's latencies."""
     parts = result.parts or [{"seconds": result.seconds, "scope": "world", "op": result.op,
                               "bytes_sent_per_rank": result.bytes_sent_per_rank}]
     twins = probed.parts or [{"seconds": probed.seconds}]
     members = {"world": N, "node": G or 1, "cross": N // G if G else N}
-    out = []
-    for part, twin in zip(parts, twins):
-        hops = max(0.0, (twin["seconds"] - part["seconds"]) / HOP_PROBE)
-        out.append(Call(what, result.algorithm, size, part["seconds"], hops, members[part.get("scope", "world")],
-                        moved(profile, part["op"], part["bytes_sent_per_rank"])))
-    return out
+    return [make_call(what, result.algorithm, size, part["seconds"],
+                      max(0.0, (twin["seconds"] - part["seconds"]) / HOP_PROBE), members[part.get("scope", "world")],
+                      part["op"], part["bytes_sent_per_rank"], profile)
+            for part, twin in zip(parts, twins)]
 
 
 class StepSim:
@@ -135,14 +145,31 @@ class StepSim:
             yield from self.collective(self.control)
 
     def collective(self, c: Call):
-        host, env = self.host, self.env
+        env = self.env
         t0 = env.now
-        wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
-        net = env.timeout(c.seconds + wait)
-        cpu = self.cores.run(host.call_work(c.members, c.bytes))
-        yield env.all_of([net, cpu])
+        yield from run_call(env, self.cores, self.host, c)
         self.comm_wall += env.now - t0
         self.tally.append({"what": c.what, "algorithm": c.algorithm, "size_bytes": c.size, "seconds": env.now - t0})
+
+
+def run_call(env, cores: Cores, host: HostModel, c: Call):
+    """One collective on shared cores (see the module): its network time, cut at each of its waits (the last of
+    its members' one, a fraction where H(m) has one), each followed by `wake` when every core is busy at that
+    moment, beside its software path's CPU work. A wait after backward has ended costs nothing, one during
+    backward the whole `wake`, whenever the call began."""
+    units = host.waits(c.op, c.buffer, c.members, c.hops) + harmonic(c.members) if host.wake > 0 else 0.0
+    cpu = cores.run(host.call_work(c.members, c.bytes))
+
+    def waits():
+        pieces = max(1, math.ceil(units - 1e-9))
+        for i in range(pieces):
+            yield env.timeout(c.seconds / pieces)
+            weight = min(1.0, units - i)
+            busy = cores.saturation(own=0 if cpu.triggered else 1) if weight > 0 else 0.0
+            if busy > 0:
+                yield env.timeout(busy * weight * host.wake)
+
+    yield env.all_of([env.process(waits()), cpu])
 
 
 def loaded_collective(host: HostModel, weight: int, call: Call, computing: bool = True) -> float:
@@ -168,9 +195,10 @@ def compute_work(host: HostModel, weight: int, seconds: float) -> float:
 
 def control_call(ex, probed, N: int) -> Call:
     r, twin = ex.control(), probed.control()
-    hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
-    return Call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, hops, N,
-                moved(ex.profile, wire.CONTROL.op, r.bytes_sent_per_rank))
+    return make_call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds,
+                     max(0.0, (twin.seconds - r.seconds) / HOP_PROBE), N, wire.CONTROL.op, r.bytes_sent_per_rank,
+                     ex.profile)
 
 
-__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective", "moved"]
+__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective", "make_call", "moved",
+           "run_call"]

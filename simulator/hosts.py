@@ -15,8 +15,10 @@ a training run):
 * `background`: other work on the host, in jobs that are always runnable (another session's processes, two
   `yes` loops: 2.0), measured from how fast the ranks compute.
 * `wake`: the seconds a thread that was waiting (for a message, for its turn in a collective) waits for a
-  core when every core of its host is busy. A collective waits that long on every wait of its critical path
-  (the latencies it strings together), and it starts when the last of its m members has woken up: the
+  core when every core of its host is busy; where each rank is a scheduling group of its own (a session of its
+  own under Linux autogroup, as torchrun and the lab start ranks), the wait for its own group's turn. A
+  collective waits that long on every wait of its critical path (`waits_by`), and it starts when the last of
+  its m members has woken up: the
   expected latest of m such waits, `wake * H(m)` (H the harmonic number: the mean of the largest of m
   exponential waits). Skew between ranks is that order statistic, so it grows with the group.
 * `call_cpu`, `byte_cpu`: CPU seconds a collective call costs each member (Python, the process group, the
@@ -29,6 +31,12 @@ a training run):
   before this was recorded).
 * `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
   (loopback TCP for Gloo ranks; NVLink or PCIe for GPUs): they replace the cluster's intra-node link.
+* `waits_by`: how many times a collective's thread blocks for a message on its critical path, each a wake-up
+  that waits `wake` for a core when every core is busy (`waits`): "gloo", the blocking waits in a row of Gloo's
+  own programs (its ring all-reduce cut into segments of at most 1 MiB, its all-gather's one wait per peer, its
+  all-to-all's one; gloo/allreduce.cc, allgather.cc, alltoall.cc), which CPU ranks on Gloo run whatever
+  algorithm the network model simulates; "latencies", the latencies on the simulated algorithm's critical
+  path (profiles calibrated before this was recorded).
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
   `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
@@ -50,6 +58,8 @@ from dataclasses import dataclass
 import simpy
 
 SCOPES = ("node", "cluster")
+WAITS_BY = ("latencies", "gloo")
+GLOO_SEGMENT = 2**20  # bytes: the largest segment of Gloo's ring all-reduce (AllreduceOptions kMaxSegmentSize)
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,7 @@ class HostModel:
     intra_latency: float | None = None
     step_cv: float = 0.0
     call_peers: float | None = None
+    waits_by: str = "latencies"
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -83,6 +94,8 @@ class HostModel:
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
         number("call_peers", allow_none=True, positive=True)
+        if self.waits_by not in WAITS_BY:
+            raise ValueError(f"host: waits_by must be {' or '.join(map(repr, WAITS_BY))}, got {self.waits_by!r}")
         s = self.shared_by
         if not (s in SCOPES or (isinstance(s, int) and not isinstance(s, bool) and s >= 1)):
             raise ValueError(f"host: shared_by must be {' or '.join(map(repr, SCOPES))} or a number of ranks >= 1, "
@@ -119,6 +132,31 @@ class HostModel:
         if self.call_peers is not None:
             fixed *= max(0, int(members) - 1) / self.call_peers
         return fixed + self.byte_cpu * nbytes
+
+    def waits(self, op: str, buffer: float, members: int, latencies: float) -> float:
+        """The waits on the critical path of a collective `op` on a `buffer` of bytes among `members` ranks, at
+        which a member's thread blocks until a message arrives (`waits_by`; `latencies`: the simulated
+        algorithm's count). Gloo's programs:
+        * all-reduce, ring: the buffer in s segments per member (at most 1 MiB each, at least 2 per member), a
+          reduce-scatter and an all-gather of (m - 1) s iterations each, in two lanes of sends in flight:
+          (m - 1) s waits in a row. Gloo's reduce-scatter is an all-reduce of the whole buffer (contention.moved);
+        * all-gather: 2 (m - 1) half chunks in two lanes: m - 1;
+        * all-to-all: every send and receive posted at once, then a wait for each peer's message, all in flight
+          together: 1 in a row (waiting for the last of the peers is the skew's, `harmonic`);
+        * broadcast, reduce: a binomial tree: ceil(log2 m)."""
+        m = int(members)
+        if m <= 1:
+            return 0.0
+        if self.waits_by == "latencies":
+            return latencies
+        if op in ("allreduce", "reducescatter"):
+            per_member = max(2, -(-math.ceil(buffer / GLOO_SEGMENT) // m))
+            return float((m - 1) * per_member)
+        if op == "allgather":
+            return float(m - 1)
+        if op == "alltoall":
+            return 1.0
+        return float(math.ceil(math.log2(m)))
 
     def share(self, jobs: float) -> float:
         """The speed of each of `jobs` runnable jobs (background included separately)."""
@@ -166,10 +204,10 @@ class Cores:
     def rate(self) -> float:
         return self.host.share(len(self.jobs) * self.weight)
 
-    def saturation(self) -> float:
+    def saturation(self, own: int = 0) -> float:
         """1 when a thread that wakes now finds every core busy (it waits `wake`), 0 when one is free;
-        in between for fractional capacities."""
-        others = len(self.jobs) * self.weight + self.host.background
+        in between for fractional capacities. `own`: jobs of the waking thread's own among the running ones."""
+        others = (len(self.jobs) - own) * self.weight + self.host.background
         return min(1.0, max(0.0, others - self.host.cores + 1.0))
 
     def run(self, work: float) -> simpy.Event:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import simpy
 
-from .contention import Call
-from .hosts import Cores, HostModel, harmonic
+from .contention import Call, run_call
+from .hosts import Cores, HostModel
 
 
 class ShardedSim:
@@ -141,10 +141,7 @@ class ShardedSim:
             self.walls[wall] = self.walls.get(wall, 0.0) + self.env.now - t0
 
     def collective(self, c: Call):
-        """contention.StepSim's collective: the network's time plus the waits for a core, beside its CPU work."""
-        host, env = self.host, self.env
-        wait = self.cores.saturation() * host.wake * (c.hops + harmonic(c.members))
-        yield env.all_of([env.timeout(c.seconds + wait), self.cores.run(host.call_work(c.members, c.bytes))])
+        yield from run_call(self.env, self.cores, self.host, c)
 
 
 def unshared_step(plan: list, optimizer: float, control, sync: list, synchronous: bool, overlap: bool) -> dict:

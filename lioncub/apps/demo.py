@@ -96,7 +96,8 @@ def _measure(cfg, ranks: int):
                 else "not measurable (2 MiB as fast as 24 bytes: noise)")
     say(f"   collective CPU {1e6 * h['call_cpu']:.0f} us per {ranks}-rank call (scaled per peer) + "
         f"{1e9 * h['byte_cpu']:.2f} ns per byte; wake-up "
-        f"wait {1e6 * h['wake']:.0f} us per latency under compute; loopback {loopback}")
+        f"wait {1e6 * h['wake']:.0f} us per message wait under compute (ranks in sessions of their own, as "
+        f"torchrun starts them); loopback {loopback}")
     say(f"   held-out probes: {', '.join(f'{k} {v:+.0%}' for k, v in rep['held_out'].items())}")
     say(f"   forecasts below carry the interval {lo_hi[0]:+.0%} .. {lo_hi[1]:+.0%}")
     return profile, rep

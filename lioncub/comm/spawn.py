@@ -16,7 +16,9 @@ import torch.distributed as dist
 from lioncub.comm.distributed import free_port
 
 
-def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env):
+def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env, session):
+    if session:
+        os.setsid()
     os.environ.update(env)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -54,7 +56,8 @@ def _failure(rank: int, tb: str, bad_input: bool, message: str) -> SpawnError:
 
 
 def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, pg_timeout: float = 60.0,
-          threads: int | None = None, allow_failures: bool = False, env: dict | None = None) -> list:
+          threads: int | None = None, allow_failures: bool = False, env: dict | None = None,
+          sessions: bool = False) -> list:
     """Run fn(rank, world_size, *args) on `world_size` local Gloo ranks; return their results by rank.
 
     Processes come from a forkserver that has torch imported already, so each rank starts in a fraction
@@ -63,6 +66,8 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     `timeout` seconds (None: no limit) gets None. fn must be importable (defined at module level). The ranks
     fork from a server started once per parent process, so pass environment variables they need
     (LIONCUB_KERNELS, ...) in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
+    `sessions`: each rank in a session of its own, as torchrun and the lab start ranks (where the kernel groups
+    scheduling by session, autogroup, each rank is then a scheduling group of its own).
     """
     import multiprocessing as mp
     import queue as queue_mod
@@ -78,7 +83,7 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     port = free_port()
     results_q = ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True,
-                         args=(r, world_size, port, fn, args, pg_timeout, threads, results_q, env))
+                         args=(r, world_size, port, fn, args, pg_timeout, threads, results_q, env, sessions))
              for r in range(world_size)]
     for p in procs:
         p.start()

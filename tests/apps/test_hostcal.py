@@ -6,13 +6,13 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from lioncub.simulator import get_profile
-from lioncub.simulator.contention import loaded_collective
-from lioncub.simulator.hosts import HostModel
 
 from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
 from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
 from lioncub.comm import wire
+from lioncub.simulator import get_profile
+from lioncub.simulator.contention import loaded_collective
+from lioncub.simulator.hosts import HostModel
 
 
 @pytest.mark.parametrize("cores,ranks", [(2, 4), (4, 4), (8, 2)])
@@ -47,7 +47,7 @@ def _raw_from(host: HostModel, ranks: int, profile) -> dict:
 def test_fit_recovers_the_host_that_generated_its_probes():
     profile = get_profile("gloo")
     truth = HostModel(cores=2.0, shared_by="cluster", background=1.5, call_cpu=2e-4, byte_cpu=5e-10,
-                      intra_bandwidth=None)
+                      intra_bandwidth=None, waits_by="gloo")
     # the intra speed the fit will find is what the big probe's time implies: give the truth that speed
     raw = _raw_from(truth, 4, profile)
     wire_s = raw["idle"][str(SIZES[-1])] - raw["idle"][str(wire.CONTROL.nbytes)]
@@ -59,6 +59,7 @@ def test_fit_recovers_the_host_that_generated_its_probes():
     assert host.call_cpu == pytest.approx(2e-4, rel=1e-6)
     assert host.byte_cpu == pytest.approx(5e-10, rel=1e-6)
     assert host.wake == pytest.approx(1.5e-3, rel=1e-4)
+    assert host.waits_by == "gloo"  # the probes ran on Gloo: its programs' waits
     assert speeds["update"] == pytest.approx(20 * 4000 / 1e-4)
 
 
@@ -131,3 +132,21 @@ def test_the_fit_records_the_probes_peers():
         assert host.call_peers == ranks - 1  # the control all-reduce among every rank of the run
         # the probe itself is charged what was measured on it
         assert host.call_work(ranks, 0) == pytest.approx(host.call_cpu)
+
+
+def test_a_calls_cpu_is_the_cpu_time_measured_where_the_probes_report_it():
+    # the probes' CPU time per call (every thread of a rank) is taken as it is, whatever the wall time: an idle
+    # call that waits on loopback for most of its 5 ms uses 0.8 ms of CPU
+    profile = get_profile("gloo")
+    truth = HostModel(cores=2.0, shared_by="cluster", background=0.5, call_cpu=2e-4, byte_cpu=5e-10,
+                      waits_by="gloo")
+    raw = _raw_from(truth, 4, profile)
+    small, big = str(wire.CONTROL.nbytes), str(SIZES[-1])
+    moved = 2.0 * wire.bus_factor("allreduce", 4) * SIZES[-1]
+    raw["idle_cpu"] = {small: 0.8e-3, big: 0.8e-3 + 3e-10 * moved}
+    host, _ = fit_host(raw, profile)
+    assert host.call_cpu == pytest.approx(0.8e-3)
+    assert host.byte_cpu == pytest.approx(3e-10)
+    # an idle call no dearer than the control message's: no CPU per byte
+    raw["idle_cpu"][big] = 0.5e-3
+    assert fit_host(raw, profile)[0].byte_cpu == 0.0

@@ -333,3 +333,8 @@ def hook_vs_optimizer(rank, world_size, method, momentum_sync, ddp_kwargs, steps
         out.append(dict(flat=flat, replicas_equal=all(torch.equal(r, flat) for r in gather(flat)),
                         overlapped=opt.stats.overlapped_steps, skipped=opt.stats.skipped_steps))
     return out
+
+
+def session_of(rank, world_size):
+    """This rank's (session id, process id, parent's session id as the parent passed it)."""
+    return os.getsid(0), os.getpid(), int(os.environ["TEST_PARENT_SID"])

@@ -6,6 +6,7 @@ import json
 
 import pytest
 import simpy
+
 from lioncub.simulator import Cluster, get_profile, simulate_step
 from lioncub.simulator.contention import Call, loaded_collective
 from lioncub.simulator.hosts import Cores, HostModel, harmonic
@@ -67,6 +68,44 @@ def test_a_collective_waits_for_cores_on_every_latency_and_for_its_last_member()
     # its CPU work, processor-shared with 4 computing ranks on 2 cores (8 jobs: 1/4 speed), can outlast it
     cpu = dataclasses.replace(host, wake=0.0, call_cpu=1e-3)
     assert loaded_collective(cpu, 4, call, computing=True) == pytest.approx(4e-3)
+
+
+# Gloo's programs, read off its sources (gloo/allreduce.cc, allgather.cc, alltoall.cc), counted by hand: the ring
+# all-reduce's segments number roundUp(max(ceil(bytes / 1 MiB), 2 m), m), s = segments / m per member, and each of
+# its two phases runs (m - 1) s iterations that wait for a receive, two lanes in flight: (m - 1) s in a row.
+@pytest.mark.parametrize("op,buffer,m,expected", [
+    ("allreduce", 24, 4, 6),  # 8 segments, s = 2
+    ("allreduce", 24, 8, 14),
+    ("allreduce", 24, 2, 2),
+    ("allreduce", 12.9e6, 4, 12),  # 13 MiB-segments rounded up to 16: s = 4
+    ("allreduce", 8 * 2**20, 4, 6),  # 8 segments of exactly 1 MiB: s = 2
+    ("allreduce", 8 * 2**20 + 1, 4, 9),  # 9 rounded up to 12: s = 3
+    ("reducescatter", 4 * 2**20, 2, 2),  # Gloo's reduce-scatter is an all-reduce of the buffer
+    ("allgather", 50_000, 8, 7),  # 2 (m - 1) half chunks in two lanes
+    ("alltoall", 50_000, 4, 1),  # a wait per peer, all in flight at once
+    ("broadcast", 24, 8, 3), ("broadcast", 24, 5, 3),  # binomial tree
+    ("allreduce", 24, 1, 0),
+])
+def test_gloo_waits_are_its_programs(op, buffer, m, expected):
+    host = HostModel(waits_by="gloo")
+    assert host.waits(op, buffer, m, latencies=1.75) == expected
+    # profiles calibrated before: the simulated algorithm's latency count, whatever the library
+    assert HostModel().waits(op, buffer, m, latencies=1.75) == (1.75 if m > 1 else 0.0)
+
+
+def test_a_gloo_collective_waits_for_cores_on_each_of_its_programs_waits():
+    from lioncub.simulator.contention import make_call
+
+    profile = get_profile("gloo")
+    host = HostModel(cores=2, shared_by="cluster", wake=1e-3, waits_by="gloo")
+    n = 3 * 2**20  # an all-reduce among 4: 8 segments, 6 waits; the simulated ring counts 1.5 latencies
+    call = make_call("x", "ring", n, 2e-3, 1.5, 4, "allreduce", 2 * 3 / 4 * n, profile)
+    assert call.buffer == pytest.approx(n) and call.op == "allreduce"
+    assert loaded_collective(host, 4, call, computing=True) == pytest.approx(2e-3 + 1e-3 * (6 + 25 / 12))
+    assert loaded_collective(dataclasses.replace(host, waits_by="latencies"), 4, call, computing=True) == \
+        pytest.approx(2e-3 + 1e-3 * (1.5 + 25 / 12))
+    with pytest.raises(ValueError, match="waits_by must be"):
+        HostModel(waits_by="nccl")
 
 
 def _profile(host):
@@ -219,3 +258,23 @@ def test_a_gloo_node_reduce_scatter_moves_an_all_reduces_bytes(g):
     # at efficiency 1 the ring formula's bytes
     plain = dataclasses.replace(profile, efficiency={"allreduce": 1.0, "reducescatter": 1.0})
     assert calls_of(r, r, "vote-1bit", n, 4 * g, g, plain)[0].bytes == pytest.approx(2 * (g - 1) / g * n)
+
+
+def test_a_wait_costs_a_wake_only_while_every_core_is_busy():
+    from lioncub.simulator.contention import run_call
+
+    # 2 ranks computing on 2 cores until 15 ms; a Gloo all-reduce among them: 2 waits in a row + H(2) = 3.5,
+    # its 4 ms of network time cut into 4 pieces, each followed by its wait (the last a half): 1 ms, +10 ms
+    # (busy), 1 ms, +10 ms (busy, 12 ms < 15), 1 ms, nothing (backward over at 15), 1 ms, nothing: 24 ms, where
+    # charging every wait at the call's start would give 4 + 35 ms
+    host = HostModel(cores=2, shared_by="cluster", wake=10e-3, waits_by="gloo")
+    env = simpy.Environment()
+    cores = Cores(env, host, 2)
+    cores.run(15e-3)
+    call = Call("x", "ring", 24, 4e-3, hops=1, members=2, bytes=0, op="allreduce", buffer=24)
+
+    def one():
+        yield from run_call(env, cores, host, call)
+        return env.now
+
+    assert env.run(until=env.process(one())) == pytest.approx(24e-3)

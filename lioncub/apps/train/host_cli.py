@@ -18,6 +18,10 @@ def register(sub) -> None:
     p.add_argument("--block-size", dest="block_size", type=int, default=32, help="default 32")
     p.add_argument("--calibration", metavar="FILE",
                    help="the network's calibration to lay the host over (default: the bundled lab's)")
+    p.add_argument("--launch", choices=("torchrun", "local"), default="torchrun",
+                   help="how the run's ranks start: torchrun (also the lab: each rank in a session "
+                        "of its own, a scheduling group of its own where the kernel groups by session) or local "
+                        "(`lioncub train --ranks N`: one session); default torchrun")
     p.add_argument("--output", "-o", default="host-calibration.json", help="profile to write")
     p.add_argument("--json", action="store_true", help="print the report (host, held-out residuals) as JSON")
     p.set_defaults(func=run)
@@ -34,7 +38,7 @@ def run(args) -> int:
     check_writable(args.output, "--output")
     cfg = TrainConfig(model=args.model, batch_size=args.batch_size, block_size=args.block_size)
     base = BackendProfile.load(args.calibration, base="gloo") if args.calibration else None
-    profile, rep = calibrate_host(cfg, args.ranks, profile=base)
+    profile, rep = calibrate_host(cfg, args.ranks, profile=base, sessions=args.launch == "torchrun")
     profile.save(args.output)
     rep.pop("raw")
     if args.json:

@@ -4,6 +4,14 @@ the run, and turn it into a profile whose forecasts carry an interval.
     from lioncub.apps.train.hostcal import calibrate_host
     profile, report = calibrate_host(cfg, ranks=4)   # ~10-30 s; cfg: the run's TrainConfig
 
+The probe ranks run as the run's will: by default each in a session of its own, as torchrun (its subprocess
+handler starts every rank with a new session) and the lab start them. On Linux with autogroup scheduling
+(/proc/sys/kernel/sched_autogroup_enabled) each session is a scheduling group: while the ranks compute, a rank's
+communication thread, woken by a message, waits for its own group's turn on the cores, not only for a core. On
+this 2-core machine with 4 ranks computing, that made a 24-byte Gloo all-reduce take 48 ms instead of 9 (the
+ranks in one session); ranks started together in one session (`lioncub train --ranks N`) are measured with
+`sessions=False`.
+
 What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `HostModel`; R ranks, C cores):
 
 * cores: the CPUs this process may run on;
@@ -13,13 +21,14 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * `background` (other runnable work on the host): from the CPU time over the wall time of the codec alone
   (min(1, C / (1 + b))); where that is 1, from the codec's slowdown beside every rank's compute against alone,
   share(1) / share(2R) = (2R + b) / C under processor sharing;
-* the control message's all-reduce on idle cores: all CPU on loopback, so `call_cpu` = its time x share(R),
-  measured among R members: `call_peers` = R - 1 (a collective among m members costs call_cpu (m - 1) / (R - 1),
-  HostModel.call_work; the hierarchical layout's node collectives have G members, its cross ones N/G);
-* the largest all-reduce on idle cores: `byte_cpu` (CPU per byte moved: sent and received / the profile's
-  allreduce efficiency, contention.moved) and `intra_bandwidth`;
-* the control message's all-reduce with every rank computing: `wake`, the wait for a core on each latency of
-  its critical path and for the last member (the contended model solved for it, hosts.py);
+* the control message's all-reduce on idle cores: `call_cpu`, the ranks' CPU time per call (every thread:
+  Python, the process group, Gloo's own), measured among R members: `call_peers` = R - 1 (a collective among
+  m members costs call_cpu (m - 1) / (R - 1), HostModel.call_work; the hierarchical layout's node collectives
+  have G members, its cross ones N/G);
+* the largest all-reduce on idle cores: `byte_cpu` (its CPU time per call beyond the control message's, per byte
+  moved: sent and received / the profile's allreduce efficiency, contention.moved) and `intra_bandwidth`;
+* the control message's all-reduce with every rank computing: `wake`, the wait for a core on each wait of its
+  critical path (Gloo's, `HostModel.waits`) and for the last member (the contended model solved for it, hosts.py);
 * the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
 
 Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
@@ -37,7 +46,7 @@ import statistics
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.simulator import Cluster, simulate_collective
-from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, moved
+from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, make_call, moved
 from lioncub.simulator.hosts import HostModel
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
@@ -49,8 +58,10 @@ def cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit", timeout: float = 120) -> dict:
-    """The probes of hostprobe.py on `ranks` local ranks: the slowest rank's figures (compute: every rank's)."""
+def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit", timeout: float = 120,
+                 sessions: bool = True) -> dict:
+    """The probes of hostprobe.py on `ranks` local ranks: the slowest rank's figures (compute: every rank's).
+    `sessions`: each rank in a session of its own, as torchrun and the lab start them (see the module)."""
     from lioncub.comm.spawn import spawn
 
     from .hostprobe import probe
@@ -59,20 +70,30 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
         raise ValueError(f"a host calibration needs at least 2 ranks, got {ranks}")
     spec = dict(SPEC, elements=int(elements), busy_method=busy_method,
                 methods=[n for n, m in methods.REGISTRY.items() if not m.dense])
-    outs = spawn(probe, ranks, dataclasses.asdict(cfg), spec, timeout=timeout, threads=1)
+    outs = spawn(probe, ranks, dataclasses.asdict(cfg), spec, timeout=timeout, threads=1, sessions=sessions)
 
     def slowest(key, sub=None):
         rows = [o[key] if sub is None else o[key][sub] for o in outs]
         return {k: max(r[k] for r in rows) for k in rows[0]}
 
     under = [o["busy"]["compute_under_codec"] for o in outs if o["busy"]["compute_under_codec"]]
-    return dict(ranks=ranks, cores=cores(), elements=int(elements), busy_method=busy_method,
+    return dict(ranks=ranks, cores=cores(), sessions=sessions, autogroup=autogroup(), elements=int(elements),
+                busy_method=busy_method,
                 update_elements=UPDATE_BUCKETS * int(elements),
                 compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
                 alone_share=outs[0]["alone"]["share"],
-                idle=slowest("idle"), busy=slowest("busy", "collectives"),
+                idle=slowest("idle"), idle_cpu=slowest("idle_cpu"), busy=slowest("busy", "collectives"),
                 codec_busy=max(o["busy"]["codec"] for o in outs),
                 compute_under_codec=statistics.median(under) if under else None)
+
+
+def autogroup() -> bool | None:
+    """Whether the kernel groups scheduling by session (Linux autogroup); None where it does not say."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return None
 
 
 def _share(cores_: float, background: float, jobs: float) -> float:
@@ -99,9 +120,8 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     r = simulate_collective(cl, "allreduce", "auto", nbytes, profile)
     twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
                                "auto", nbytes, profile)
-    hops = max(0.0, (twin.seconds - r.seconds) / HOP_PROBE)
-    return Call("probe", r.algorithm, nbytes, r.seconds, hops, ranks,
-                moved(profile, "allreduce", wire.bus_factor("allreduce", ranks) * nbytes))
+    return make_call("probe", r.algorithm, nbytes, r.seconds, max(0.0, (twin.seconds - r.seconds) / HOP_PROBE), ranks,
+                     "allreduce", wire.bus_factor("allreduce", ranks) * nbytes, profile)
 
 
 def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
@@ -127,15 +147,18 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
               for m, t in raw["alone"].items() if m != "update"}
     speeds["update"] = 20.0 * raw["update_elements"] / raw["alone"]["update"]
     b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
-    share = _share(C, b, R)
-    call_cpu = raw["idle"][small] * share
-    byte_cpu = max(0.0, raw["idle"][big] * share - call_cpu) / moved(profile, "allreduce",
-                                                                     wire.bus_factor("allreduce", R) * SIZES[-1])
+    if raw.get("idle_cpu"):  # measured: the ranks' CPU time per call
+        call_cpu, big_cpu = raw["idle_cpu"][small], raw["idle_cpu"][big]
+    else:  # inferred (calibrations before it was measured): all of an idle call's time is CPU on loopback
+        share = _share(C, b, R)
+        call_cpu, big_cpu = raw["idle"][small] * share, raw["idle"][big] * share
+    byte_cpu = max(0.0, big_cpu - call_cpu) / moved(profile, "allreduce", wire.bus_factor("allreduce", R) * SIZES[-1])
     wire_s = raw["idle"][big] - raw["idle"][small]
     # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
-                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1))
+                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1),
+                     waits_by="gloo")
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
 
@@ -184,9 +207,10 @@ def with_host(profile, host: dict, speeds: dict, band):
                                forecast_error=band, name=f"{profile.name}+host")
 
 
-def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None):
+def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None, sessions: bool = True):
     """(profile with `host`, its codec speeds alone and `forecast_error`; a report dict) for runs of `cfg` on
-    `ranks` ranks of this machine. `profile`: the network's calibration (default: the bundled lab's)."""
+    `ranks` ranks of this machine. `profile`: the network's calibration (default: the bundled lab's); `sessions`:
+    the run's ranks each in a session of their own (torchrun, the lab; see the module)."""
     from lioncub.apps.calibrate import default_lab_profile
 
     from .loop import build
@@ -195,7 +219,7 @@ def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None):
     profile = profile or default_lab_profile()
     if elements is None:
         elements = max(1, int(wire.auto_bucket_mb(4 * count_params(build(cfg)[0])) * 2**20) // 4)
-    raw = measure_host(cfg, ranks, elements)
+    raw = measure_host(cfg, ranks, elements, sessions=sessions)
     host, speeds = fit_host(raw, profile)
     residuals = held_out(raw, profile, host)
     band = error_band(residuals)

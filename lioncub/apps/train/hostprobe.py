@@ -6,7 +6,8 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
 1. compute: forward + backward of the run's model, every rank computing (no communication);
 2. alone: rank 0 runs one bucket's codec for each method, and the Lion update, while the others wait (each
    kernel's speed on one device of the host, and the CPU time it got over the wall time: its share);
-3. collectives on idle cores: all-reduces of the control message's size and of `sizes` bytes (loopback);
+3. collectives on idle cores: all-reduces of the control message's size and of `sizes` bytes (loopback), their
+   time and the CPU time they take (every thread of the rank: Python, the process group, Gloo's own threads);
 4. under compute: a second thread on every rank runs forward + backward in a loop (as the main thread of a
    training rank does while its communication thread works); the main thread runs the codec for a while
    (the compute steps inside that window are timed too), then the same all-reduces.
@@ -17,6 +18,7 @@ ranks in step), the least of three passes. hostfit.py turns the figures into a H
 
 from __future__ import annotations
 
+import resource
 import statistics
 import threading
 import time
@@ -44,10 +46,17 @@ def _timed(fn, n: int) -> list[float]:
     return out
 
 
-def _collectives(sizes, calls: int, rounds: int = 3) -> dict:
+def _process_cpu() -> float:
+    """CPU seconds of this process, every thread (the library's own included)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _collectives(sizes, calls: int, rounds: int = 3, cpu: dict | None = None) -> dict:
     """Seconds per all-reduce of each size (bytes): the mean over a loop of calls (after one warm-up call), the
     least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
-    on a shared machine hits one pass of a probe, not all of them)."""
+    on a shared machine hits one pass of a probe, not all of them). `cpu`: filled with the process's CPU seconds
+    per call of each size, least over the passes (meaningful only while nothing else runs in the process)."""
     import torch
     import torch.distributed as dist
 
@@ -57,11 +66,13 @@ def _collectives(sizes, calls: int, rounds: int = 3) -> dict:
             t = torch.zeros(max(1, int(size) // 4))
             dist.all_reduce(t)
             n = calls if size < 2**20 else max(3, calls // 6)
-            t0 = time.perf_counter()
+            c0, t0 = _process_cpu(), time.perf_counter()
             for _ in range(n):
                 dist.all_reduce(t)
             key = str(int(size))
             out[key] = min(out.get(key, float("inf")), (time.perf_counter() - t0) / n)
+            if cpu is not None:
+                cpu[key] = min(cpu.get(key, float("inf")), (_process_cpu() - c0) / n)
     return out
 
 
@@ -135,8 +146,9 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     dist.barrier()
     compute = _timed(step, spec["compute_steps"])
     alone = _alone(spec, rank, world)
-    idle = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"])
+    idle_cpu: dict = {}
+    idle = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"], cpu=idle_cpu)
     dist.barrier()
     busy = _under_compute(step, spec, rank, world, statistics.median(compute))
     dist.barrier()
-    return dict(rank=rank, compute=compute, alone=alone, idle=idle, busy=busy)
+    return dict(rank=rank, compute=compute, alone=alone, idle=idle, idle_cpu=idle_cpu, busy=busy)
