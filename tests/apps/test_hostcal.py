@@ -6,13 +6,13 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from lioncub.simulator import get_profile
+from lioncub.simulator.contention import loaded_collective
+from lioncub.simulator.hosts import HostModel
 
 from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
 from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
 from lioncub.comm import wire
-from lioncub.simulator import get_profile
-from lioncub.simulator.contention import loaded_collective
-from lioncub.simulator.hosts import HostModel
 
 
 @pytest.mark.parametrize("cores,ranks", [(2, 4), (4, 4), (8, 2)])

@@ -6,7 +6,6 @@ import json
 
 import pytest
 import simpy
-
 from lioncub.simulator import Cluster, get_profile, simulate_step
 from lioncub.simulator.contention import Call, loaded_collective
 from lioncub.simulator.hosts import Cores, HostModel, harmonic
