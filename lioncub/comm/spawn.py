@@ -70,8 +70,6 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     scheduling by session, autogroup, each rank is then a scheduling group of its own).
     """
     import multiprocessing as mp
-    import queue as queue_mod
-    import time
 
     ctx = mp.get_context("forkserver")
     # torch.optim imports torch._dynamo on first use (1-2 s): preload it once in the server
@@ -87,30 +85,9 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
              for r in range(world_size)]
     for p in procs:
         p.start()
-    results, failed, deadline = {}, set(), time.monotonic() + (math.inf if timeout is None else timeout)
+    results: dict = {}
     try:
-        while len(results) + len(failed) < world_size:
-            try:
-                rank, ok, payload = results_q.get(timeout=0.2)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs)
-                        if r not in results and r not in failed and p.exitcode not in (None, 0)]
-                if dead and not allow_failures:
-                    raise SpawnError(f"rank(s) {dead} died (exit codes "
-                                     f"{[procs[r].exitcode for r in dead]}) without a result") from None
-                failed.update(dead)
-                if time.monotonic() > deadline:
-                    if allow_failures:
-                        break
-                    raise SpawnError(f"ranks {sorted(set(range(world_size)) - set(results))} did not "
-                                     f"finish within {timeout:.0f}s") from None
-                continue
-            if not ok:
-                if not allow_failures:
-                    raise _failure(rank, *payload)
-                failed.add(rank)
-                continue
-            results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+        _collect(procs, results_q, results, timeout, allow_failures)
     finally:
         for p in procs:
             p.join(timeout=5 if len(results) == world_size else 0.1)
@@ -118,3 +95,35 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
                 p.kill()
                 p.join()
     return [results.get(r) for r in range(world_size)]
+
+
+def _collect(procs: list, results_q, results: dict, timeout: float | None, allow_failures: bool) -> None:
+    """Fill `results` (rank -> value) from the ranks' queue until every rank has answered, failed or died, or
+    `timeout` seconds pass (see spawn)."""
+    import queue as queue_mod
+    import time
+
+    world_size, failed = len(procs), set()
+    deadline = time.monotonic() + (math.inf if timeout is None else timeout)
+    while len(results) + len(failed) < world_size:
+        try:
+            rank, ok, payload = results_q.get(timeout=0.2)
+        except queue_mod.Empty:
+            dead = [r for r, p in enumerate(procs)
+                    if r not in results and r not in failed and p.exitcode not in (None, 0)]
+            if dead and not allow_failures:
+                raise SpawnError(f"rank(s) {dead} died (exit codes "
+                                 f"{[procs[r].exitcode for r in dead]}) without a result") from None
+            failed.update(dead)
+            if time.monotonic() > deadline:
+                if allow_failures:
+                    return
+                raise SpawnError(f"ranks {sorted(set(range(world_size)) - set(results))} did not "
+                                 f"finish within {timeout:.0f}s") from None
+            continue
+        if not ok:
+            if not allow_failures:
+                raise _failure(rank, *payload)
+            failed.add(rank)
+            continue
+        results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
