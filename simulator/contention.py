@@ -154,9 +154,9 @@ class StepSim:
 
 def run_call(env, cores: Cores, host: HostModel, c: Call):
     """One collective on shared cores (see the module): its network time, cut at each of its waits (the last of
-    its members' one, a fraction where H(m) has one), each followed by `wake` when every core is busy at that
-    moment, beside its software path's CPU work. A wait after backward has ended costs nothing, one during
-    backward the whole `wake`, whenever the call began."""
+    its members' one, a fraction where H(m) has one), each followed by the wait for a core at that moment
+    (`Cores.turn_wait`), beside its software path's CPU work. A wait after backward has ended costs nothing on
+    quiet cores, one during backward the whole `wake`, whenever the call began."""
     units = host.waits(c.op, c.buffer, c.members, c.hops) + harmonic(c.members) if host.wake > 0 else 0.0
     cpu = cores.run(host.call_work(c.members, c.bytes))
 
@@ -165,7 +165,7 @@ def run_call(env, cores: Cores, host: HostModel, c: Call):
         for i in range(pieces):
             yield env.timeout(c.seconds / pieces)
             weight = min(1.0, units - i)
-            busy = cores.saturation(own=0 if cpu.triggered else 1) if weight > 0 else 0.0
+            busy = cores.turn_wait(own=0 if cpu.triggered else 1) if weight > 0 else 0.0
             if busy > 0:
                 yield env.timeout(busy * weight * host.wake)
 

@@ -37,6 +37,11 @@ a training run):
   all-to-all's one; gloo/allreduce.cc, allgather.cc, alltoall.cc), which CPU ranks on Gloo run whatever
   algorithm the network model simulates; "latencies", the latencies on the simulated algorithm's critical
   path (profiles calibrated before this was recorded).
+* `groups`: each rank is a scheduling group of its own (a session of its own under Linux autogroup, as torchrun
+  and the lab start ranks). A woken thread then waits for its group's turn while the rank's other threads are
+  runnable (its main thread computing holds the group's place in the queue), and not at all while they are not
+  (a group that slept is placed ahead), whatever else keeps the cores busy. False: one group for all, a woken
+  thread waits whenever every core is busy.
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
   `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
@@ -77,6 +82,7 @@ class HostModel:
     step_cv: float = 0.0
     call_peers: float | None = None
     waits_by: str = "latencies"
+    groups: bool = False
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -94,6 +100,8 @@ class HostModel:
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
         number("call_peers", allow_none=True, positive=True)
+        if not isinstance(self.groups, bool):
+            raise ValueError(f"host: groups must be true or false, got {self.groups!r}")
         if self.waits_by not in WAITS_BY:
             raise ValueError(f"host: waits_by must be {' or '.join(map(repr, WAITS_BY))}, got {self.waits_by!r}")
         s = self.shared_by
@@ -209,6 +217,15 @@ class Cores:
         in between for fractional capacities. `own`: jobs of the waking thread's own among the running ones."""
         others = (len(self.jobs) - own) * self.weight + self.host.background
         return min(1.0, max(0.0, others - self.host.cores + 1.0))
+
+    def turn_wait(self, own: int = 0) -> float:
+        """The share of `wake` a thread of the simulated rank waits when it wakes now (HostModel `groups`);
+        `own`: its own jobs among the running ones."""
+        if not self.host.groups:
+            return self.saturation(own)
+        if len(self.jobs) - own <= 0:
+            return 0.0
+        return min(1.0, max(0.0, self.weight + self.host.background - self.host.cores + 1.0))
 
     def run(self, work: float) -> simpy.Event:
         ev = self.env.event()

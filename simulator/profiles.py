@@ -109,9 +109,10 @@ class BackendProfile:
         A profile with a `host` models this (and more) as contention instead: the field is then unused.
     host: the ranks' own devices and what sharing them costs (simulator/hosts.py `HostModel`, as a dict:
         cores, shared_by, background, wake, call_cpu, call_peers, byte_cpu, intra_bandwidth, intra_latency,
-        step_cv, waits_by), measured by lioncub.apps.train.hostcal (`lioncub demo` and `bench train` run it). With it
-        `simulate_step` runs the step as processes on shared devices (contention.py), `codec_bandwidth` is each
-        kernel's speed on one device alone, and the host's transport replaces the cluster's intra-node link.
+        step_cv, waits_by, groups), measured by lioncub.apps.train.hostcal (`lioncub demo` and `bench train` run
+        it). With it `simulate_step` runs the step as processes on shared devices (contention.py),
+        `codec_bandwidth` is each kernel's speed on one device alone, and the host's transport replaces the
+        cluster's intra-node link.
         None: devices not shared (the analytic step model).
     forecast_error: [low, high], the spread of measured / predicted - 1 over the calibration's held-out
         probes (their least and greatest, 0 always inside): every forecast made with this profile carries the interval

@@ -60,6 +60,11 @@ def test_fit_recovers_the_host_that_generated_its_probes():
     assert host.byte_cpu == pytest.approx(5e-10, rel=1e-6)
     assert host.wake == pytest.approx(1.5e-3, rel=1e-4)
     assert host.waits_by == "gloo"  # the probes ran on Gloo: its programs' waits
+    assert not host.groups  # ranks in one session (the raw figures say nothing else)
+    raw.update(sessions=True, autogroup=True)
+    assert fit_host(raw, profile)[0].groups  # each in a session of its own, under autogroup
+    raw.update(autogroup=False)
+    assert not fit_host(raw, profile)[0].groups
     assert speeds["update"] == pytest.approx(20 * 4000 / 1e-4)
 
 

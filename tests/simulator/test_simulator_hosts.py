@@ -277,3 +277,18 @@ def test_a_wait_costs_a_wake_only_while_every_core_is_busy():
         return env.now
 
     assert env.run(until=env.process(one())) == pytest.approx(24e-3)
+
+
+def test_ranks_in_groups_of_their_own_wait_only_while_their_own_threads_run():
+    # two `yes` loops keep both cores busy (background 2): one scheduling group for all, a woken thread waits
+    # for a core whatever it does; each rank a group of its own (sessions under autogroup), it waits only while
+    # its rank computes (its group holds its place in the queue), and a group that slept is placed ahead
+    call = Call("x", "ring", 24, 1e-3, hops=1, members=4, bytes=0, op="allreduce", buffer=24)  # 6 waits + H(4)
+    busy = 1e-3 + 1e-3 * (6 + 25 / 12)
+    shared = HostModel(cores=2, shared_by="cluster", background=2.0, wake=1e-3, waits_by="gloo")
+    assert loaded_collective(shared, 4, call, computing=False) == pytest.approx(busy)
+    own = dataclasses.replace(shared, groups=True)
+    assert loaded_collective(own, 4, call, computing=False) == pytest.approx(1e-3)
+    assert loaded_collective(own, 4, call, computing=True) == pytest.approx(busy)
+    with pytest.raises(ValueError, match="groups must be"):
+        HostModel(groups=1)

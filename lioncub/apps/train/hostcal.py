@@ -158,7 +158,7 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
                      intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1),
-                     waits_by="gloo")
+                     waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")))
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
 
