@@ -10,7 +10,8 @@ handler starts every rank with a new session) and the lab start them. On Linux w
 communication thread, woken by a message, waits for its own group's turn on the cores, not only for a core. On
 this 2-core machine with 4 ranks computing, that made a 24-byte Gloo all-reduce take 48 ms instead of 9 (the
 ranks in one session); ranks started together in one session (`lioncub train --ranks N`) are measured with
-`sessions=False`.
+`sessions=False`. A calibration in sessions under autogroup sets `HostModel.groups` (a woken thread waits only
+while its own rank's threads run).
 
 What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `HostModel`; R ranks, C cores):
 
