@@ -32,6 +32,7 @@ from lioncub.comm import wire
 from .hosts import Cores, HostModel, harmonic
 
 HOP_PROBE = 1e-6  # seconds added to every latency to count the latencies on a collective's critical path
+WAIT_PIECES = 64  # at most this many moments at which a call's waits look at the cores (run_call)
 
 
 @dataclass(frozen=True)
@@ -58,12 +59,14 @@ def moved(profile, op: str, sent: float) -> float:
     return 2.0 * sent / profile.family_efficiency(op)
 
 
-def make_call(what: str, algorithm: str, size: float, seconds: float, latencies: float, members: int, op: str,
+def make_call(what: str, algorithm: str, size: float, seconds: float, probed: float, members: int, op: str,
               sent: float, profile) -> Call:
-    """A Call of a collective `op` whose member sends `sent` payload bytes: the bytes its software path moves
-    (`moved`) and its buffer (what the library's program is cut by, HostModel.waits)."""
+    """A Call of a collective `op` whose member sends `sent` payload bytes, simulated in `seconds` and in `probed`
+    with HOP_PROBE more latency on every link (which counts the latencies on its critical path): the bytes its
+    software path moves (`moved`) and its buffer (what the library's program is cut by, HostModel.waits)."""
     buffer = sent / wire.bus_factor(op, members) if members > 1 else 0.0
-    return Call(what, algorithm, size, seconds, latencies, members, moved(profile, op, sent), op, buffer)
+    return Call(what, algorithm, size, seconds, max(0.0, (probed - seconds) / HOP_PROBE), members,
+                moved(profile, op, sent), op, buffer)
 
 
 def calls_of(result, probed, what: str, size: float, N: int, G: int, profile) -> list[Call]:
@@ -73,9 +76,8 @@ def calls_of(result, probed, what: str, size: float, N: int, G: int, profile) ->
                               "bytes_sent_per_rank": result.bytes_sent_per_rank}]
     twins = probed.parts or [{"seconds": probed.seconds}]
     members = {"world": N, "node": G or 1, "cross": N // G if G else N}
-    return [make_call(what, result.algorithm, size, part["seconds"],
-                      max(0.0, (twin["seconds"] - part["seconds"]) / HOP_PROBE), members[part.get("scope", "world")],
-                      part["op"], part["bytes_sent_per_rank"], profile)
+    return [make_call(what, result.algorithm, size, part["seconds"], twin["seconds"],
+                      members[part.get("scope", "world")], part["op"], part["bytes_sent_per_rank"], profile)
             for part, twin in zip(parts, twins)]
 
 
@@ -159,12 +161,15 @@ def run_call(env, cores: Cores, host: HostModel, c: Call):
     quiet cores, one during backward the whole `wake`, whenever the call began."""
     units = host.waits(c.op, c.buffer, c.members, c.hops) + harmonic(c.members) if host.wake > 0 else 0.0
     cpu = cores.run(host.call_work(c.members, c.bytes))
+    # a ring among thousands of ranks waits thousands of times: at most WAIT_PIECES moments, each for its share
+    pieces = max(1, math.ceil(units - 1e-9))
+    scale = max(1.0, pieces / WAIT_PIECES)
+    pieces = min(pieces, WAIT_PIECES)
 
     def waits():
-        pieces = max(1, math.ceil(units - 1e-9))
         for i in range(pieces):
             yield env.timeout(c.seconds / pieces)
-            weight = min(1.0, units - i)
+            weight = min(1.0, units / scale - i) * scale
             busy = cores.turn_wait(own=0 if cpu.triggered else 1) if weight > 0 else 0.0
             if busy > 0:
                 yield env.timeout(busy * weight * host.wake)
@@ -195,9 +200,8 @@ def compute_work(host: HostModel, weight: int, seconds: float) -> float:
 
 def control_call(ex, probed, N: int) -> Call:
     r, twin = ex.control(), probed.control()
-    return make_call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds,
-                     max(0.0, (twin.seconds - r.seconds) / HOP_PROBE), N, wire.CONTROL.op, r.bytes_sent_per_rank,
-                     ex.profile)
+    return make_call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, twin.seconds, N, wire.CONTROL.op,
+                     r.bytes_sent_per_rank, ex.profile)
 
 
 __all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective", "make_call", "moved",

@@ -192,6 +192,7 @@ def expected_max(m: int) -> float:
     return total * dx
 
 
+@functools.cache
 def harmonic(m: int) -> float:
     """H(m) = 1 + 1/2 + ... + 1/m: the expected largest of m exponential waits of mean 1."""
     return sum(1.0 / k for k in range(1, max(1, int(m)) + 1))

@@ -93,18 +93,22 @@ def test_gloo_waits_are_its_programs(op, buffer, m, expected):
 
 
 def test_a_gloo_collective_waits_for_cores_on_each_of_its_programs_waits():
-    from lioncub.simulator.contention import make_call
+    from lioncub.simulator.contention import HOP_PROBE, make_call
 
     profile = get_profile("gloo")
     host = HostModel(cores=2, shared_by="cluster", wake=1e-3, waits_by="gloo")
     n = 3 * 2**20  # an all-reduce among 4: 8 segments, 6 waits; the simulated ring counts 1.5 latencies
-    call = make_call("x", "ring", n, 2e-3, 1.5, 4, "allreduce", 2 * 3 / 4 * n, profile)
+    call = make_call("x", "ring", n, 2e-3, 2e-3 + 1.5 * HOP_PROBE, 4, "allreduce", 2 * 3 / 4 * n, profile)
+    assert call.hops == pytest.approx(1.5)
     assert call.buffer == pytest.approx(n) and call.op == "allreduce"
     assert loaded_collective(host, 4, call, computing=True) == pytest.approx(2e-3 + 1e-3 * (6 + 25 / 12))
     assert loaded_collective(dataclasses.replace(host, waits_by="latencies"), 4, call, computing=True) == \
         pytest.approx(2e-3 + 1e-3 * (1.5 + 25 / 12))
     with pytest.raises(ValueError, match="waits_by must be"):
         HostModel(waits_by="nccl")
+    # a ring among 5,000 ranks waits 9,998 times in a row: every wait charged, looked at in a few moments
+    big = dataclasses.replace(call, members=5000)
+    assert loaded_collective(host, 4, big, computing=True) == pytest.approx(2e-3 + 1e-3 * (2 * 4999 + harmonic(5000)))
 
 
 def _profile(host):

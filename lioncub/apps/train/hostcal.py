@@ -97,10 +97,6 @@ def autogroup() -> bool | None:
         return None
 
 
-def _share(cores_: float, background: float, jobs: float) -> float:
-    return HostModel(cores=cores_, background=background).share(jobs)
-
-
 def background_from(slowdown: float, cores_: float, ranks: int, alone_share: float = 1.0) -> float:
     """The background jobs b on the host. `alone_share`: the CPU time over the wall time of a job running alone,
     min(1, C / (1 + b)); below 1 it gives b directly. Otherwise (b <= C - 1) processor sharing gives a kernel
@@ -121,8 +117,8 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     r = simulate_collective(cl, "allreduce", "auto", nbytes, profile)
     twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
                                "auto", nbytes, profile)
-    return make_call("probe", r.algorithm, nbytes, r.seconds, max(0.0, (twin.seconds - r.seconds) / HOP_PROBE), ranks,
-                     "allreduce", wire.bus_factor("allreduce", ranks) * nbytes, profile)
+    return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce",
+                     wire.bus_factor("allreduce", ranks) * nbytes, profile)
 
 
 def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
@@ -148,11 +144,7 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
               for m, t in raw["alone"].items() if m != "update"}
     speeds["update"] = 20.0 * raw["update_elements"] / raw["alone"]["update"]
     b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
-    if raw.get("idle_cpu"):  # measured: the ranks' CPU time per call
-        call_cpu, big_cpu = raw["idle_cpu"][small], raw["idle_cpu"][big]
-    else:  # inferred (calibrations before it was measured): all of an idle call's time is CPU on loopback
-        share = _share(C, b, R)
-        call_cpu, big_cpu = raw["idle"][small] * share, raw["idle"][big] * share
+    call_cpu, big_cpu = raw["idle_cpu"][small], raw["idle_cpu"][big]
     byte_cpu = max(0.0, big_cpu - call_cpu) / moved(profile, "allreduce", wire.bus_factor("allreduce", R) * SIZES[-1])
     wire_s = raw["idle"][big] - raw["idle"][small]
     # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
