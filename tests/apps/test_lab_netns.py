@@ -128,3 +128,50 @@ def test_reshape_changes_the_rate_in_place():
         got = lab.measure_rate(50e6 / 8 * 0.5)
         assert 0.8 <= got["bps"] / 50e6 <= 1.05, got
     assert residue(rid) == []
+
+
+
+LISTEN = """
+import socket
+srv = socket.socket(); srv.bind(("", 0)); srv.listen(1)
+print(srv.getsockname()[1], flush=True)
+srv.accept()[0].recv(1)
+"""
+CONNECT = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10)
+print(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\\0").decode())
+"""
+
+
+def congestion_of_a_connection(net) -> str:
+    """The congestion control the kernel gave a TCP connection from host 0 to host 1 of a lab."""
+    import sys
+
+    a, b = net.hosts[0], net.hosts[1]
+    with subprocess.Popen(["ip", "netns", "exec", b.netns, sys.executable, "-c", LISTEN],
+                          stdout=subprocess.PIPE, text=True) as listener:
+        try:
+            port = listener.stdout.readline().strip()
+            return sh("ip", "netns", "exec", a.netns, sys.executable, "-c", CONNECT, b.addr, port).strip()
+        finally:
+            listener.kill()
+
+
+@pytest.mark.parametrize("name", ["cubic", "reno"])
+def test_hosts_connections_use_the_set_congestion_control(name):
+    with Lab(hosts=2, bandwidth="1Gbit", congestion=name) as lab:
+        assert congestion_of_a_connection(lab.network) == name
+        assert lab.describe()["congestion_control"] == name
+
+
+def test_default_congestion_control_is_cubic_and_system_keeps_the_machines():
+    assert Lab(hosts=1).congestion == netns.CONGESTION == "cubic"
+    with Lab(hosts=2, bandwidth="1Gbit", congestion="system") as lab:
+        assert congestion_of_a_connection(lab.network) == netns.system_congestion()
+        assert lab.describe()["congestion_control"] == netns.system_congestion()
+
+
+def test_unknown_congestion_control_is_one_clear_error():
+    with pytest.raises(ValueError, match="not available on this kernel"):
+        Lab(hosts=1, congestion="no-such-cc")

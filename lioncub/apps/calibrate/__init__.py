@@ -152,12 +152,12 @@ def calibrate_lab(ranks: int = 4, bandwidth="500Mbit", ranks_per_host: int = 1, 
                          {"tbf_burst_bytes": lab.network.burst, "backend": "gloo", "source": "lab"})
 
     if lab is not None:
-        raw = run(lab)
+        raw, congestion = run(lab), lab.describe()["congestion_control"]
     else:
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=rate, burst=burst) as new:
-            raw = run(new)
+            raw, congestion = run(new), new.describe()["congestion_control"]
     raw["setting"] = {"where": "lab", "ranks": ranks, "ranks_per_host": ranks_per_host, "bandwidth_bps": rate,
-                      "rounds": job["rounds"], "quick": quick}
+                      "rounds": job["rounds"], "quick": quick, "congestion_control": congestion}
     return raw
 
 

@@ -114,6 +114,10 @@ def _topology(p, ranks: bool = True, attach: bool = True) -> None:
         help="tbf bucket as line time (default 4ms, one timer tick: the least that holds the rate on a "
         "busy machine; smaller makes short transfers more faithful on a quiet one)",
     )
+    p.add_argument(
+        "--congestion-control", default=None, metavar="NAME",
+        help="the hosts' TCP congestion control (default cubic, Linux's default; 'system' keeps this machine's)",
+    )
     if attach:
         p.add_argument(
             "--lab", default=None, metavar="RUN_ID",
@@ -162,7 +166,8 @@ def _up(args) -> int:
 
     hosts, rph = _hosts(args, args.ranks)
     burst_s = netns.TICK_S if args.burst is None else parse_time(args.burst)
-    net = netns.create(hosts, parse_rate(args.bandwidth or "1Gbit"), persistent=True, burst_s=burst_s)
+    net = netns.create(hosts, parse_rate(args.bandwidth or "1Gbit"), persistent=True, burst_s=burst_s,
+                       congestion=args.congestion_control or netns.CONGESTION)
     info = Lab(attach=net.run_id, ranks_per_host=rph).up().describe()
     if args.json:
         print(json.dumps(info))
@@ -224,7 +229,7 @@ def _bench(args) -> int:
     probe = normalize(dict(op=args.op, size=args.size, repeat=args.repeat, warmup=args.warmup,
                            dtype=args.dtype, levels=args.levels, ranks=args.ranks))
     lab = Lab(ranks=args.ranks, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab,
-              burst=args.burst)
+              burst=args.burst, congestion=args.congestion_control)
     with lab:
         probe["bandwidth"] = args.bandwidth or lab.rate_bps
         res = bench_many(lab, [probe])[0]
@@ -245,7 +250,7 @@ def _run(args) -> int:
         raise ValueError("give the command to run after --, e.g. `lioncub lab run --ranks 4 -- train.py`")
     hosts, rph = _hosts(args, args.ranks)
     with Lab(hosts=hosts, ranks_per_host=rph, bandwidth=args.bandwidth or "1Gbit", attach=args.lab,
-              burst=args.burst) as lab:
+              burst=args.burst, congestion=args.congestion_control) as lab:
         if args.lab and args.bandwidth:
             lab.set_bandwidth(args.bandwidth)
         results = lab.run(cmd, ranks=args.ranks, timeout=args.timeout, stream_rank0=True)

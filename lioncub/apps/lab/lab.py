@@ -68,11 +68,13 @@ class Lab:
         latency: str | float = 0,
         attach: str | None = None,
         burst: str | float | None = None,
+        congestion: str | None = None,
     ):
         """`hosts` hosts (or enough for `ranks` at `ranks_per_host` each), every link shaped to
         `bandwidth` both ways. With `attach`, use the persistent lab of that run id (from `lioncub lab
         up`) instead of building one; it is left standing on exit. `burst` is the tbf bucket as line
-        time (default one 4 ms timer tick; see netns.py and docs/LAB.md)."""
+        time (default one 4 ms timer tick; see netns.py and docs/LAB.md). `congestion`: the hosts' TCP
+        congestion control (default netns.CONGESTION, cubic; "system" keeps the machine's)."""
         check_latency(latency)
         if ranks_per_host < 1:
             raise ValueError(f"ranks_per_host must be >= 1, got {ranks_per_host}")
@@ -83,6 +85,7 @@ class Lab:
         self.rate_bps = parse_rate(bandwidth)
         self.attach = attach
         self.burst_s = netns.TICK_S if burst is None else parse_time(burst)
+        self.congestion = netns.check_congestion(congestion or netns.CONGESTION)
         self.net: Network | None = None
         self._old_sigterm = None
         self._launches = 0
@@ -97,7 +100,7 @@ class Lab:
         if threading.current_thread() is threading.main_thread():
             self._old_sigterm = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self.net = netns.create(self.hosts, self.rate_bps, burst_s=self.burst_s)
+            self.net = netns.create(self.hosts, self.rate_bps, burst_s=self.burst_s, congestion=self.congestion)
         except BaseException:
             self._restore_sigterm()
             raise
@@ -210,6 +213,7 @@ class Lab:
             "bandwidth_bps": net.rate_bps,
             "tbf_burst_bytes": net.burst,
             "tbf_limit_bytes": net.limit,
+            "congestion_control": netns.system_congestion() if net.congestion == "system" else net.congestion,
             "ranks_per_host": self.ranks_per_host,
             "hosts": [
                 {"index": h.index, "netns": h.netns, "ifname": h.ifname, "addr": h.addr}

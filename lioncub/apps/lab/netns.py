@@ -41,6 +41,14 @@ TICK_S = 0.004
 FRAME = 1514  # Ethernet frame without FCS: what tc accounts per packet on a veth
 
 
+# TCP congestion control of the hosts' connections, set on their route (so the machine's own default, which
+# a namespace inherits, does not decide it): Linux's default, cubic, which clusters keep unless changed. Some
+# machines default to bbr (this project's 2-core VMs do); measured on the lab at 1 Gbit/s, 4 ranks, char-small,
+# l1-pbit: with bbr about 8% of the step's all-reduces stall 57-123 ms with every rank inside the call (also
+# without overlap, not in Python's GC, no queue drops), with cubic none (docs/LAB.md). "system": the default.
+CONGESTION = "cubic"
+
+
 def tbf_burst(rate_bps: float, burst_s: float = TICK_S) -> int:
     return int(rate_bps / 8 * burst_s) + FRAME  # + one frame: tbf must always be able to pass a packet
 
@@ -128,6 +136,7 @@ class Network:
     burst_s: float = TICK_S
     burst: int = 0
     limit: int = 0
+    congestion: str = CONGESTION
 
     @property
     def namespaces(self) -> list[str]:
@@ -170,7 +179,30 @@ def host_addr(index: int) -> str:
     return str(SUBNET[index + 1])
 
 
-def create(hosts: int, rate_bps: float, persistent: bool = False, burst_s: float = TICK_S) -> Network:
+def check_congestion(name: str) -> str:
+    """`name` if this kernel has that TCP congestion control (or it is "system"), else a clear error."""
+    if name == "system":
+        return name
+    try:
+        available = Path("/proc/sys/net/ipv4/tcp_available_congestion_control").read_text().split()
+    except OSError:
+        available = []
+    if name not in available:
+        raise ValueError(f"congestion control {name!r} is not available on this kernel (it has: "
+                         f"{', '.join(available) or 'none listed'}; or use 'system')")
+    return name
+
+
+def system_congestion() -> str:
+    """The machine's default TCP congestion control (what a namespace inherits)."""
+    try:
+        return Path("/proc/sys/net/ipv4/tcp_congestion_control").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+def create(hosts: int, rate_bps: float, persistent: bool = False, burst_s: float = TICK_S,
+           congestion: str = CONGESTION) -> Network:
     """Build a switch and `hosts` shaped hosts; on any failure, remove what was built and raise."""
     require_privileges()
     if not 1 <= hosts <= MAX_HOSTS:
@@ -178,6 +210,7 @@ def create(hosts: int, rate_bps: float, persistent: bool = False, burst_s: float
     _check_rate(rate_bps)
     if not 0 <= burst_s <= 1:
         raise ValueError(f"burst must be between 0 and 1 s of line time, got {burst_s:g} s")
+    check_congestion(congestion)
     existing = set(list_namespaces())
     while True:
         rid = secrets.token_hex(3)
@@ -198,6 +231,7 @@ def create(hosts: int, rate_bps: float, persistent: bool = False, burst_s: float
         burst_s=burst_s,
         burst=tbf_burst(rate_bps, burst_s),
         limit=tbf_limit(rate_bps),
+        congestion=congestion,
     )
     net.save()  # before anything exists, so a crash mid-build is still found by `clean`
     try:
@@ -235,11 +269,14 @@ def _build(net: Network) -> None:
     _batch("ip", sw, sw_ip)
     _batch("tc", sw, sw_tc)
     for h in net.hosts:
+        congestion = [] if net.congestion == "system" else [
+            f"route replace {SUBNET} dev {h.ifname} proto kernel scope link src {h.addr} congctl {net.congestion}"]
         _batch("ip", h.netns, [
             "link set lo up",
             f"link set {h.ifname} addrgenmode none",  # no IPv6 link-local chatter on the wire
             f"addr add {h.addr}/{SUBNET.prefixlen} dev {h.ifname}",
             f"link set {h.ifname} up",
+            *congestion,
         ])
         _batch("tc", h.netns, [f"qdisc add dev {h.ifname} {shape}"])  # host -> switch: upload
 
