@@ -42,6 +42,11 @@ a training run):
   runnable (its main thread computing holds the group's place in the queue), and not at all while they are not
   (a group that slept is placed ahead), whatever else keeps the cores busy. False: one group for all, a woken
   thread waits whenever every core is busy.
+* `apply_share`: per method, the share of its codec work (a bucket's local work: encode, vote, apply) that
+  LionCub runs in step() after an overlapped exchange: the apply, with the deferred momentum update (which is
+  the Lion update of a compressed method; its step has no other). The rest runs on the communication thread.
+  Measured by a host calibration (the apply timed on the whole model, out of the caches, as step() runs it);
+  None: the whole codec on the communication thread and the Lion update in step() (profiles without it).
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
   `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
@@ -83,6 +88,7 @@ class HostModel:
     call_peers: float | None = None
     waits_by: str = "latencies"
     groups: bool = False
+    apply_share: tuple | None = None
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -100,6 +106,16 @@ class HostModel:
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
         number("call_peers", allow_none=True, positive=True)
+        if self.apply_share is not None:
+            pairs = self.apply_share.items() if isinstance(self.apply_share, dict) else self.apply_share
+            try:
+                pairs = tuple(sorted((str(k), float(v)) for k, v in pairs))
+            except (TypeError, ValueError):
+                raise ValueError(f"host: apply_share must map method names to shares, "
+                                 f"got {self.apply_share!r}") from None
+            if not all(0.0 <= v <= 1.0 for _, v in pairs):
+                raise ValueError(f"host: apply_share's shares must be in [0, 1], got {self.apply_share!r}")
+            object.__setattr__(self, "apply_share", pairs)
         if not isinstance(self.groups, bool):
             raise ValueError(f"host: groups must be true or false, got {self.groups!r}")
         if self.waits_by not in WAITS_BY:
@@ -122,7 +138,13 @@ class HostModel:
         return cls(**data)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["apply_share"] = None if self.apply_share is None else dict(self.apply_share)
+        return d
+
+    def apply_part(self, method: str) -> float | None:
+        """The share of `method`'s codec work (one bucket's local work) that step() runs after the exchange."""
+        return None if self.apply_share is None else dict(self.apply_share).get(method)
 
     def ranks_per_host(self, ranks: int, gpus_per_node: int) -> int:
         """How many of a cluster's ranks share one host's devices."""

@@ -234,7 +234,7 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
         hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"], contention=t.get("contention"),
         step_interval=interval(step, err), speedup_interval=_baseline and ratio_interval(speedup, err) or None,
         method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
-        compute_seconds=compute, optimizer_seconds=times["optimizer"], codec_seconds=t["codec"],
+        compute_seconds=compute, optimizer_seconds=t.get("optimizer", times["optimizer"]), codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
@@ -333,6 +333,8 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     probed = ex.probed(contention.HOP_PROBE)
     work = dict(fwd=contention.compute_work(host, weight, times["fwd"]),
                 bwd=contention.compute_work(host, weight, times["bwd"]), optimizer=times["optimizer"])
+    # a compressed step's apply (its Lion update) runs in step() after the exchange, the rest of the codec before
+    applied = host.apply_part(meth.name) if not meth.dense and N > 1 else None
     plan, sent, nic, colls = [], 0.0, 0.0, []
     for e, k in buckets:
         calls = []
@@ -342,6 +344,9 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
             sent, nic = sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
             _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
         plan += [(e, times["codec_bytes"](e) / times["codec_bw"], calls)] * k
+    if applied is not None:
+        work["optimizer"] = applied * sum(codec for _, codec, _ in plan)
+        plan = [(e, codec * (1.0 - applied), calls) for e, codec, calls in plan]
     control = None
     if not meth.dense and N > 1:
         control = contention.control_call(ex, probed, N)
@@ -362,7 +367,7 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     # as the analytic model counts it: without overlap the codec after backward is not communication
     exposed = out["exposed"] - (0.0 if overlap and N > 1 else out["codec"])
     return dict(step=step, codec=out["codec"], comm=out["comm"] - out["msync"] + msync,
-                exposed=exposed + msync, msync=msync, sent=sent, nic=nic, collectives=colls,
+                exposed=exposed + msync, msync=msync, sent=sent, nic=nic, collectives=colls, optimizer=out["update"],
                 contention=dict(out, host=host.to_dict(), ranks_per_host=weight))
 
 

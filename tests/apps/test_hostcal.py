@@ -10,6 +10,7 @@ from lioncub.simulator import get_profile
 from lioncub.simulator.contention import loaded_collective
 from lioncub.simulator.hosts import HostModel
 
+from lioncub import methods
 from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
 from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
 from lioncub.comm import wire
@@ -159,3 +160,20 @@ def test_a_calls_cpu_is_the_cpu_time_measured_where_the_probes_report_it():
     # an idle call no dearer than the control message's: no CPU per byte
     raw["idle_cpu"][big] = 0.5e-3
     assert fit_host(raw, profile)[0].byte_cpu == 0.0
+
+
+def test_codec_speeds_put_the_apply_as_step_runs_it_and_give_its_share():
+    from lioncub.apps.train.hostcal import codec_speeds
+
+    n, P, R = 1000, 8000, 4
+    per = methods.get("l1-pbit").codec_bytes_per_element(R, 0, "float32")
+    # encode 1 ms per bucket, the apply 4 ms on the whole model (0.5 ms per bucket's worth), update 2 ms
+    alone = {"l1-pbit": 9e-3, "encode:l1-pbit": 1e-3, "apply:l1-pbit": 4e-3, "update": 2e-3, "vote-1bit": 2e-3}
+    speeds, shares = codec_speeds(alone, R, n, P)
+    assert speeds["l1-pbit"] == pytest.approx(per * n / 1.5e-3)
+    assert shares == {"l1-pbit": pytest.approx(0.5e-3 / 1.5e-3)}
+    # a method timed only whole keeps its whole time and no share; the update is 20 bytes per parameter
+    assert speeds["vote-1bit"] == pytest.approx(methods.get("vote-1bit").codec_bytes_per_element(R, 0, "float32")
+                                                * n / 2e-3)
+    assert speeds["update"] == pytest.approx(20 * P / 2e-3)
+    assert codec_speeds({"vote-1bit": 2e-3, "update": 2e-3}, R, n, P)[1] is None

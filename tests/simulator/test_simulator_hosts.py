@@ -296,3 +296,29 @@ def test_ranks_in_groups_of_their_own_wait_only_while_their_own_threads_run():
     assert loaded_collective(own, 4, call, computing=True) == pytest.approx(busy)
     with pytest.raises(ValueError, match="groups must be"):
         HostModel(groups=1)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.4, 1.0])
+def test_a_compressed_steps_apply_runs_in_step_after_the_exchange(share):
+    # a core per job: the codec's work is its time; `apply_share` moves that share of it from the communication
+    # thread into step() (as the compressed method's Lion update) and leaves a dense step's update alone
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="20us")
+    plain = _profile(None)
+    split = _profile(dict(cores=1000.0, shared_by="node", apply_share={"vote-1bit": share}))
+    kw = dict(overlap=True, memory_bandwidth="1TB/s")
+    a = simulate_step(cluster, "vote-1bit", 3_000_000, None, 1.0, 0.1, backend=plain, **kw)
+    b = simulate_step(cluster, "vote-1bit", 3_000_000, None, 1.0, 0.1, backend=split, **kw)
+    assert a.codec_seconds > 0
+    assert b.optimizer_seconds == pytest.approx(share * a.codec_seconds, rel=1e-9, abs=1e-12)
+    assert b.codec_seconds == pytest.approx((1 - share) * a.codec_seconds, rel=1e-9, abs=1e-12)
+    dense = simulate_step(cluster, "allreduce", 3_000_000, None, 1.0, 0.1, backend=split, **kw)
+    assert dense.optimizer_seconds == pytest.approx(
+        simulate_step(cluster, "allreduce", 3_000_000, None, 1.0, 0.1, backend=plain, **kw).optimizer_seconds)
+
+
+def test_apply_share_round_trips_and_rejects_a_share_outside_0_1():
+    host = HostModel(cores=2.0, apply_share={"vote-1bit": 0.25, "l1-pbit": 0.5})
+    assert host.apply_part("l1-pbit") == 0.5 and host.apply_part("vote-pbit") is None
+    assert HostModel.from_dict(json.loads(json.dumps(host.to_dict()))) == host
+    with pytest.raises(ValueError, match="apply_share"):
+        HostModel(apply_share={"vote-1bit": 1.5})

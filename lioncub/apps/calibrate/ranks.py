@@ -179,6 +179,29 @@ def method_work(method: str, n: int, world: int, rank: int, device):
     return work
 
 
+def method_parts(method: str, n: int, world: int, rank: int, device):
+    """The two parts of `method_work` as an overlapped step runs them: (encode and vote, on the communication
+    thread; apply with the deferred momentum update, in step() after the exchange), each a callable."""
+    import torch
+
+    meth = methods.get(method)
+    levels = meth.resolve_levels(world)
+    x = meth.exchange(n, device, None, levels=levels, world_size=world)
+    gen = torch.Generator().manual_seed(1234 + rank)
+    g, m, p = (torch.randn(n, generator=gen).to(device) for _ in range(3))
+    offsets = [0, n]
+
+    def encode():
+        x.encode(g, m, beta1=0.9, beta2=0.99, offsets=offsets, update_momentum=False)
+        x.vote()
+
+    def apply():
+        x.apply(p, x.agreed(), lr=1e-6, wd=0.0, momentum=(g, m, 0.99))
+
+    encode()
+    return encode, apply
+
+
 def run_host_kernels(spec: dict, device, bar=None) -> dict:
     """Seconds per bucket of spec["elements"] elements, every rank at once: per method (its whole local
     work), "update" (kernels.lion_step), "sum" (x += y on float32, Gloo's reduction); and "vote", the

@@ -18,7 +18,10 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * cores: the CPUs this process may run on;
 * compute: forward + backward per step with all R ranks computing (the step model's `compute_seconds`);
 * codec and Lion update alone (rank 0, the others waiting): the profile's `codec_bandwidth`, each kernel's
-  speed on one device;
+  speed on one device; a method's codec is its encode and vote on one bucket plus its apply (with the deferred
+  momentum update, timed on the whole model: step() runs it over every bucket, out of the caches), and the
+  apply's part of it is `HostModel.apply_share` (the step model runs that part in step(), after the exchange);
+  the Lion update is timed on the whole model too;
 * `background` (other runnable work on the host): from the CPU time over the wall time of the codec alone
   (min(1, C / (1 + b))); where that is 1, from the codec's slowdown beside every rank's compute against alone,
   share(1) / share(2R) = (2R + b) / C under processor sharing;
@@ -51,8 +54,7 @@ from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, mak
 from lioncub.simulator.hosts import HostModel
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
-UPDATE_BUCKETS = 4  # the Lion update is timed on 4 buckets' worth: the whole model's, out of the caches
-SPEC = dict(update_buckets=UPDATE_BUCKETS, compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
+SPEC = dict(compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
 
 
 def cores() -> int:
@@ -80,7 +82,7 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
     under = [o["busy"]["compute_under_codec"] for o in outs if o["busy"]["compute_under_codec"]]
     return dict(ranks=ranks, cores=cores(), sessions=sessions, autogroup=autogroup(), elements=int(elements),
                 busy_method=busy_method,
-                update_elements=UPDATE_BUCKETS * int(elements),
+                update_elements=outs[0]["alone"]["model_elements"],
                 compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
                 alone_share=outs[0]["alone"]["share"],
                 idle=slowest("idle"), idle_cpu=slowest("idle_cpu"), busy=slowest("busy", "collectives"),
@@ -140,9 +142,7 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     """The HostModel and the codec speeds alone (kernel -> bytes/s) from measure_host's figures."""
     R, C, n = raw["ranks"], float(raw["cores"]), raw["elements"]
     small, big = str(wire.CONTROL.nbytes), str(SIZES[-1])
-    speeds = {m: methods.get(m).codec_bytes_per_element(R, 0, "float32") * n / t
-              for m, t in raw["alone"].items() if m != "update"}
-    speeds["update"] = 20.0 * raw["update_elements"] / raw["alone"]["update"]
+    speeds, apply_share = codec_speeds(raw["alone"], R, n, raw["update_elements"])
     b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
     call_cpu, big_cpu = raw["idle_cpu"][small], raw["idle_cpu"][big]
     byte_cpu = max(0.0, big_cpu - call_cpu) / moved(profile, "allreduce", wire.bus_factor("allreduce", R) * SIZES[-1])
@@ -151,9 +151,29 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
                      intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1),
-                     waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")))
+                     waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")),
+                     apply_share=apply_share)
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
+
+
+def codec_speeds(alone: dict, ranks: int, n: int, model_elements: int) -> tuple[dict, dict | None]:
+    """Each method's codec speed (bytes of its codec per second of its local work on one bucket of `n`
+    elements), the Lion update's (20 bytes per parameter), and the share of the local work that step() runs
+    after an overlapped exchange (`HostModel.apply_share`). Where the apply was timed apart (on the whole model,
+    `model_elements`, as step() runs it out of the caches), a bucket's work is its encode and vote plus its
+    share of that apply; otherwise the whole bucket's work as timed, and no share."""
+    speeds, shares = {}, {}
+    for m, t in alone.items():
+        if m == "update" or ":" in m:
+            continue
+        enc, app = alone.get(f"encode:{m}"), alone.get(f"apply:{m}")
+        if enc is not None and app is not None:
+            app = app * n / model_elements
+            t, shares[m] = enc + app, app / (enc + app)
+        speeds[m] = methods.get(m).codec_bytes_per_element(ranks, 0, "float32") * n / t
+    speeds["update"] = 20.0 * model_elements / alone["update"]
+    return speeds, shares or None
 
 
 def step_cv(compute: list[float], ranks: int) -> float:

@@ -4,7 +4,8 @@ Gloo ranks that share this machine as the run's ranks do (one torch thread each,
 Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at once unless said:
 
 1. compute: forward + backward of the run's model, every rank computing (no communication);
-2. alone: rank 0 runs one bucket's codec for each method, and the Lion update, while the others wait (each
+2. alone: rank 0 runs one bucket's codec for each method (and its parts: encode and vote; the apply with the
+   momentum update on the whole model), and the Lion update on the whole model, while the others wait (each
    kernel's speed on one device of the host, and the CPU time it got over the wall time: its share);
 3. collectives on idle cores: all-reduces of the control message's size and of `sizes` bytes (loopback), their
    time and the CPU time they take (every thread of the rank: Python, the process group, Gloo's own threads);
@@ -76,13 +77,16 @@ def _collectives(sizes, calls: int, rounds: int = 3, cpu: dict | None = None) ->
     return out
 
 
-def _alone(spec, rank, world) -> dict:
-    """Rank 0's codec per method and Lion update, one bucket each, the other ranks waiting (phase 2)."""
+def _alone(spec, rank, world, model_elements: int) -> dict:
+    """Rank 0's local work per method (one bucket's: encode, vote, apply), its encode and vote alone (the
+    communication thread's part), its apply with the deferred momentum update on the whole model's elements (what
+    step() runs after an overlapped exchange, out of the caches), and the Lion update on the whole model; the
+    other ranks wait (phase 2)."""
     import torch
     import torch.distributed as dist
 
     from lioncub import kernels
-    from lioncub.apps.calibrate.ranks import method_work
+    from lioncub.apps.calibrate.ranks import method_parts, method_work
 
     n, out, cpu, wall = int(spec["elements"]), {}, 0.0, 0.0
     dist.barrier()
@@ -93,11 +97,16 @@ def _alone(spec, rank, world) -> dict:
             c0, w0 = time.thread_time(), time.perf_counter()
             out[method] = statistics.median(_timed(work, 5))
             cpu, wall = cpu + time.thread_time() - c0, wall + time.perf_counter() - w0
-        p, g, m = (torch.randn(n * spec["update_buckets"]) for _ in range(3))
+            encode, _ = method_parts(method, n, world, rank, torch.device("cpu"))
+            _, apply = method_parts(method, model_elements, world, rank, torch.device("cpu"))
+            for part, fn in ((f"encode:{method}", encode), (f"apply:{method}", apply)):
+                fn()
+                out[part] = statistics.median(_timed(fn, 5))
+        p, g, m = (torch.randn(model_elements) for _ in range(3))
         out["update"] = statistics.median(_timed(lambda: kernels.lion_step(p, g, m, lr=1e-6, wd=0.0, beta1=0.9,
                                                                             beta2=0.99), 5))
     dist.barrier()
-    return dict(seconds=out, share=min(1.0, cpu / wall) if wall > 0 else 1.0)
+    return dict(seconds=out, share=min(1.0, cpu / wall) if wall > 0 else 1.0, model_elements=model_elements)
 
 
 def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
@@ -145,7 +154,7 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     step()
     dist.barrier()
     compute = _timed(step, spec["compute_steps"])
-    alone = _alone(spec, rank, world)
+    alone = _alone(spec, rank, world, sum(p.numel() for p in model.parameters()))
     idle_cpu: dict = {}
     idle = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"], cpu=idle_cpu)
     dist.barrier()
