@@ -63,7 +63,8 @@ def cores() -> int:
 
 def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit", timeout: float = 120,
                  sessions: bool = True) -> dict:
-    """The probes of hostprobe.py on `ranks` local ranks: the slowest rank's figures (compute: every rank's).
+    """The probes of hostprobe.py on `ranks` local ranks: the slowest rank's figures (compute: every rank's; the
+    collectives' CPU per call: the ranks' mean, what they ask of the shared cores together).
     `sessions`: each rank in a session of its own, as torchrun and the lab start them (see the module)."""
     from lioncub.comm.spawn import spawn
 
@@ -79,13 +80,16 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
         rows = [o[key] if sub is None else o[key][sub] for o in outs]
         return {k: max(r[k] for r in rows) for k in rows[0]}
 
+    def mean(key):  # the CPU the ranks ask of the shared cores together, per rank
+        return {k: statistics.fmean(o[key][k] for o in outs) for k in outs[0][key]}
+
     under = [o["busy"]["compute_under_codec"] for o in outs if o["busy"]["compute_under_codec"]]
     return dict(ranks=ranks, cores=cores(), sessions=sessions, autogroup=autogroup(), elements=int(elements),
                 busy_method=busy_method,
                 update_elements=outs[0]["alone"]["model_elements"],
                 compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
                 alone_share=outs[0]["alone"]["share"],
-                idle=slowest("idle"), idle_cpu=slowest("idle_cpu"), busy=slowest("busy", "collectives"),
+                idle=slowest("idle"), idle_cpu=mean("idle_cpu"), busy=slowest("busy", "collectives"),
                 codec_busy=max(o["busy"]["codec"] for o in outs),
                 compute_under_codec=statistics.median(under) if under else None)
 

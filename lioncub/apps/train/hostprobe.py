@@ -26,6 +26,8 @@ import time
 
 from lioncub.comm import wire
 
+CPU_CALLS = 4  # the idle loops' length over the timed loops', for the CPU time per call (see _collectives)
+
 
 def _compute_step(cfg, model, data, rank):
     step = [0]
@@ -57,23 +59,28 @@ def _collectives(sizes, calls: int, rounds: int = 3, cpu: dict | None = None) ->
     """Seconds per all-reduce of each size (bytes): the mean over a loop of calls (after one warm-up call), the
     least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
     on a shared machine hits one pass of a probe, not all of them). `cpu`: filled with the process's CPU seconds
-    per call of each size, least over the passes (meaningful only while nothing else runs in the process)."""
+    per call of each size, the median over the passes (meaningful only while nothing else runs in the process).
+    Linux accounts CPU time by sampling at each timer tick (4 ms at HZ=250) unless it is built for precise
+    accounting, so a loop that takes a few ticks of CPU reads it to within a tick: with `cpu` the loops are
+    CPU_CALLS times longer (about a quarter of a second)."""
     import torch
     import torch.distributed as dist
 
-    out = {}
+    out, used = {}, {}
     for k in range(rounds):
         for size in (sizes if k % 2 == 0 else list(reversed(sizes))):
             t = torch.zeros(max(1, int(size) // 4))
             dist.all_reduce(t)
             n = calls if size < 2**20 else max(3, calls // 6)
+            n = n if cpu is None else max(n * CPU_CALLS, calls * 2)
             c0, t0 = _process_cpu(), time.perf_counter()
             for _ in range(n):
                 dist.all_reduce(t)
             key = str(int(size))
             out[key] = min(out.get(key, float("inf")), (time.perf_counter() - t0) / n)
-            if cpu is not None:
-                cpu[key] = min(cpu.get(key, float("inf")), (_process_cpu() - c0) / n)
+            used.setdefault(key, []).append((_process_cpu() - c0) / n)
+    if cpu is not None:
+        cpu.update({key: statistics.median(v) for key, v in used.items()})
     return out
 
 
