@@ -157,19 +157,21 @@ def _median_time(fn, repeat: int = 5) -> float:
     return statistics.median(times)
 
 
-def method_work(method: str, n: int, world: int, rank: int, device):
-    """The local work of one bucket of n elements as LionCub.step does it: the method's encode pipeline
-    without its collectives (lioncub.methods.base.Exchange)."""
+def _exchange(method: str, n: int, world: int, rank: int, device):
+    """A method's exchange on n elements with a rank's gradients, momenta and parameters (seeded)."""
     import torch
 
     meth = methods.get(method)
-    levels = meth.resolve_levels(world)
-    x = meth.exchange(n, device, None, levels=levels, world_size=world)
+    x = meth.exchange(n, device, None, levels=meth.resolve_levels(world), world_size=world)
     gen = torch.Generator().manual_seed(1234 + rank)
-    g = torch.randn(n, generator=gen).to(device)
-    m = torch.randn(n, generator=gen).to(device)
-    p = torch.randn(n, generator=gen).to(device)
-    offsets = [0, n]
+    g, m, p = (torch.randn(n, generator=gen).to(device) for _ in range(3))
+    return x, g, m, p, [0, n]
+
+
+def method_work(method: str, n: int, world: int, rank: int, device):
+    """The local work of one bucket of n elements as LionCub.step does it: the method's encode pipeline
+    without its collectives (lioncub.methods.base.Exchange)."""
+    x, g, m, p, offsets = _exchange(method, n, world, rank, device)
 
     def work():
         x.encode(g, m, beta1=0.9, beta2=0.99, offsets=offsets)
@@ -182,14 +184,7 @@ def method_work(method: str, n: int, world: int, rank: int, device):
 def method_parts(method: str, n: int, world: int, rank: int, device):
     """The two parts of `method_work` as an overlapped step runs them: (encode and vote, on the communication
     thread; apply with the deferred momentum update, in step() after the exchange), each a callable."""
-    import torch
-
-    meth = methods.get(method)
-    levels = meth.resolve_levels(world)
-    x = meth.exchange(n, device, None, levels=levels, world_size=world)
-    gen = torch.Generator().manual_seed(1234 + rank)
-    g, m, p = (torch.randn(n, generator=gen).to(device) for _ in range(3))
-    offsets = [0, n]
+    x, g, m, p, offsets = _exchange(method, n, world, rank, device)
 
     def encode():
         x.encode(g, m, beta1=0.9, beta2=0.99, offsets=offsets, update_momentum=False)
