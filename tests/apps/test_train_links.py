@@ -147,6 +147,7 @@ def test_bench_train_runs_hierarchical_rows_on_hosts_of_two_ranks(capsys):
     assert not res["failed"], res["failed"]
     r = res["results"][0]
     assert r["ranks_per_host"] == 2 and r["baseline"] == "vote-1bit@none"
+    assert r["congestion_control"] == "cubic"  # the lab's hosts' (netns.CONGESTION), recorded with the figures
     flat, hier = r["rows"]
     assert (flat["hierarchical"], hier["hierarchical"]) == (False, True)
     assert [h["host"] for h in flat["link_hosts"]] == [0, 1] == [h["host"] for h in hier["link_hosts"]]

@@ -114,11 +114,13 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
         with Lab(ranks=ranks, ranks_per_host=ranks_per_host, bandwidth=rate) as lab:
             rows = _train_rows(lab, runs, bw, rate, wire_eff, (compute, profile), failed, ranks=ranks,
                                ranks_per_host=ranks_per_host, steps=steps, model=model)
+            congestion = lab.describe()["congestion_control"]
         base = _reference(rows)
         if base is None:
             continue
         _compare(rows, base)
         results.append(dict(bandwidth=bw, ranks=ranks, ranks_per_host=ranks_per_host, steps=steps, rows=rows,
+                            congestion_control=congestion,
                             baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
                             compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
                             held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"],
