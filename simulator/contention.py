@@ -198,11 +198,21 @@ def compute_work(host: HostModel, weight: int, seconds: float) -> float:
     return seconds * host.share(weight)
 
 
+def apply_split(host: HostModel, meth, codecs: list[float]) -> tuple[list[float], float | None]:
+    """A compressed step's codec work per bucket or unit (`codecs`) as LionCub runs it: the apply (its Lion update,
+    `HostModel.apply_share`) in step() after the exchange, the rest on the communication thread. (the thread's
+    work per entry, step()'s work), or (`codecs`, None) where the host has no share for the method."""
+    applied = None if meth.dense else host.apply_part(meth.name)
+    if applied is None:
+        return codecs, None
+    return [c * (1.0 - applied) for c in codecs], applied * sum(codecs)
+
+
 def control_call(ex, probed, N: int) -> Call:
     r, twin = ex.control(), probed.control()
     return make_call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, twin.seconds, N, wire.CONTROL.op,
                      r.bytes_sent_per_rank, ex.profile)
 
 
-__all__ = ["Call", "StepSim", "calls_of", "compute_work", "control_call", "loaded_collective", "make_call", "moved",
-           "run_call"]
+__all__ = ["Call", "StepSim", "apply_split", "calls_of", "compute_work", "control_call", "loaded_collective",
+           "make_call", "moved", "run_call"]

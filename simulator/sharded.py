@@ -36,7 +36,7 @@ import dataclasses
 from lioncub.comm import wire
 
 from .collectives import simulate_collective, simulate_collectives
-from .contention import HOP_PROBE, Call, calls_of, make_call
+from .contention import HOP_PROBE, Call, apply_split, calls_of, make_call
 from .hosts import HostModel
 from .shardsim import ShardedSim, unshared_step
 
@@ -190,6 +190,9 @@ def _run(ctx: dict, lv: int, host: HostModel, weight: int, plan: list, control) 
     on its own."""
     G, synchronous = ctx["cluster"].gpus_per_node, bool(ctx["profile"].codec_on_compute)
     update = ctx["update_bytes"] * sum(-(-n // G) for n in ctx["sizes"]) / ctx["update_bw"]
+    codecs, applied = apply_split(host, ctx["meth"], [unit["codec"] for unit in plan])
+    if applied is not None:  # a compressed step's apply runs in step(), after the exchange (contention.apply_split)
+        plan, update = [dict(unit, codec=c) for unit, c in zip(plan, codecs)], applied
     key = ctx["cache"].key(ctx["cluster"], ctx["profile"], "sharded step", ctx["meth"].name, ctx["P"]) + (
         tuple(ctx["sizes"]), lv, ctx["fwd"], ctx["bwd"], update, ctx["codec_bw"], ctx["grad_dtype"],
         ctx["param_dtype"], repr(ctx["spec"]), ctx["exact"], ctx["overlap"])

@@ -333,8 +333,6 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     probed = ex.probed(contention.HOP_PROBE)
     work = dict(fwd=contention.compute_work(host, weight, times["fwd"]),
                 bwd=contention.compute_work(host, weight, times["bwd"]), optimizer=times["optimizer"])
-    # a compressed step's apply (its Lion update) runs in step() after the exchange, the rest of the codec before
-    applied = host.apply_part(meth.name) if not meth.dense and N > 1 else None
     plan, sent, nic, colls = [], 0.0, 0.0, []
     for e, k in buckets:
         calls = []
@@ -344,9 +342,10 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
             sent, nic = sent + k * r.bytes_sent_per_rank, nic + k * r.nic_bytes_per_node
             _tally(colls, ex.meth.name, alg, size, r.seconds, count=k)
         plan += [(e, times["codec_bytes"](e) / times["codec_bw"], calls)] * k
-    if applied is not None:
-        work["optimizer"] = applied * sum(codec for _, codec, _ in plan)
-        plan = [(e, codec * (1.0 - applied), calls) for e, codec, calls in plan]
+    codecs, applied = contention.apply_split(host, meth, [codec for _, codec, _ in plan])
+    if applied is not None and N > 1:  # a compressed step's apply runs in step(), after the exchange
+        plan = [(e, codec, calls) for (e, _, calls), codec in zip(plan, codecs)]
+        work["optimizer"] = applied
     control = None
     if not meth.dense and N > 1:
         control = contention.control_call(ex, probed, N)

@@ -202,3 +202,25 @@ def test_the_one_pass_step_is_the_processes_on_unshared_devices(seed):
                 for k in ("step", "forward", "compute", "exposed", "update", "msync", "fsdp", "comm", "codec",
                           "computing", "fsdp_exposed", "device_seconds"):
                     assert one[k] == pytest.approx(sim[k], rel=1e-9, abs=1e-12), (k, synchronous, overlap, control)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.4, 1.0])
+def test_the_sharded_steps_apply_runs_in_step_after_the_exchange(share):
+    # as in the flat layout (test_simulator_hosts): `apply_share` moves that share of the codec, unit by unit,
+    # from the communication thread into step(), where it replaces the Lion update; a dense step keeps its update
+    from lioncub.simulator.hosts import HostModel
+
+    def prof(**host):
+        return get_profile("gloo").replace(host=HostModel(cores=1000.0, shared_by="node", **host).to_dict(),
+                                           codec_on_compute=False, codec_bandwidth={"vote-1bit": 1e9, "update": 4e9})
+
+    c = Cluster(nodes=4, gpus_per_node=2, bandwidth="25Mbit", latency=0)
+    kw = dict(compute_seconds=0.5, sharded=True, memory_bandwidth="1TB/s")
+    whole = simulate_step(c, "vote-1bit", 3_000_000, backend=prof(), **kw)
+    split = simulate_step(c, "vote-1bit", 3_000_000, backend=prof(apply_share={"vote-1bit": share}), **kw)
+    assert whole.codec_seconds > 0
+    assert split.optimizer_seconds == pytest.approx(share * whole.codec_seconds, rel=1e-9, abs=1e-12)
+    assert split.codec_seconds == pytest.approx((1 - share) * whole.codec_seconds, rel=1e-9, abs=1e-12)
+    dense = [simulate_step(c, "allreduce", 3_000_000, backend=p, **kw).optimizer_seconds
+             for p in (prof(), prof(apply_share={"vote-1bit": share}))]
+    assert dense[0] == pytest.approx(dense[1])
