@@ -30,6 +30,8 @@ from __future__ import annotations
 
 from lioncub.comm import stagger, wire
 
+from . import contention
+from .localshared import APPLY_BYTES, LAUNCH_BYTES, LocalSim
 from .results import CONTROL, tally
 
 # the outer step's passes beyond the codec (lioncub.optim.outer), fp32: the pseudo-gradient (read anchor, p and
@@ -69,11 +71,14 @@ class NodeExchanges:
 
 
 def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict, H: int,
-               stream: tuple[int, int] | None = None, host=None) -> dict:
+               stream: tuple[int, int] | None = None, host=None, shared=None) -> dict:
     """The step's parts (step.py's `_communicate` keys), per step. voters: the exchanges of the voting ranks
     (step.py's _Exchanges: the world flat, one rank per node in the node layout); buckets: (elements, count)
     runs; times: step.py's kernel times (the codec for the voters); stream: (F, D) or None; host: the profile's
-    HostModel or None (its `drift`: the ranks' drift between the exchanges, a wait for the latest voter)."""
+    HostModel or None (its `drift`: the ranks' drift between the exchanges, a wait for the latest voter);
+    shared: (the ranks sharing a host's devices, the voters' and the node's exchanges on links with
+    contention.HOP_PROBE more latency) to run the step on the host's devices (localshared.py; with `host`),
+    which then also gives "step" and "optimizer"."""
     t = dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
     if node is not None:
         _inner_node_mean(t, node, buckets)
@@ -94,7 +99,55 @@ def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict,
         ex = _streamed(t, voters, node, sizes, times, H, *stream, passes, drift)
     t["sent"] += ex["sent"] / H
     t["nic"] += ex["nic"] / H
+    if host is not None and shared is not None:
+        t.update(_on_shared_devices(voters, node, buckets, sizes, P, times, H, stream, host, shared, passes,
+                                    drift(H / stream[0] if stream else H)))
     return t
+
+
+def _on_shared_devices(voters, node, buckets, sizes, P, times, H, stream, host, shared, passes, drift) -> dict:
+    """The step's times from its processes on the host's devices (localshared.py): step, optimizer, exposed,
+    codec, comm per inner step."""
+    weight, probed_voters, probed_node = shared
+    F, D = stream or (1, 0)
+    frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)] if stream else [sizes]
+    offsets = stagger.offsets(H, F) if stream else [0]
+    work = dict(compute=contention.compute_work(host, weight, times["fwd"] + times["bwd"]),
+                update=times["optimizer"], launch=[], thread=[], apply=[])
+    calls = []
+    for f in frags:
+        share = passes * sum(f) / P
+        codec = sum(times["codec_bytes"](e) for e in f) / times["codec_bw"]
+        work["launch"].append(share * LAUNCH_BYTES / OUTER_BYTES_PER_PARAM)
+        work["apply"].append(share * APPLY_BYTES / OUTER_BYTES_PER_PARAM)
+        work["thread"].append(codec + share * (1 - (LAUNCH_BYTES + APPLY_BYTES) / OUTER_BYTES_PER_PARAM))
+        calls.append(_calls(voters, node, probed_voters, probed_node, f))
+    node_calls = []
+    if node is not None:
+        N = voters.N * node.G
+        for e, k in buckets:
+            node_calls += contention.calls_of(node.mean(e), probed_node.mean(e), NODE_MEAN, 4 * e, N, node.G,
+                                              voters.profile) * k
+    out = LocalSim(host, weight, H, work, calls, node_calls, offsets, D, drift).run()
+    return dict(step=out["step"], optimizer=out["optimizer"], exposed=out["exposed"], codec=out["codec"],
+                comm=out["comm"])
+
+
+def _calls(voters, node, probed_voters, probed_node, sizes: list[int]) -> list:
+    """The Calls of one outer exchange of the buckets `sizes` (as `_exchange` issues them) for contention.run_call."""
+    out = []
+    if voters.N > 1:
+        out.append(contention.control_call(voters, probed_voters, voters.N))
+        for e in sizes:
+            r, _, size = voters.bucket(e)
+            out += contention.calls_of(r, probed_voters.bucket(e)[0], voters.meth.name, size, voters.N, 0,
+                                       voters.profile)
+    if node is not None:
+        N = voters.N * node.G
+        for nbytes in [4] + [4 * e for e in sizes]:
+            out += contention.calls_of(node.broadcast(nbytes), probed_node.broadcast(nbytes), NODE_BROADCAST, nbytes,
+                                       N, node.G, voters.profile)
+    return out
 
 
 def _inner_node_mean(t: dict, node: NodeExchanges, buckets) -> None:

@@ -217,8 +217,10 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20)
     if voters is not None:
-        t = localsteps.local_step(*voters, buckets, P, times, local_steps, stream, host)
-        t["step"] = _step_seconds(compute, t["tail"], times["optimizer"])
+        shared = None if host is None else (host.ranks_per_host(ex.N, ex.cluster.gpus_per_node),
+                                            *ex.probed(contention.HOP_PROBE).voters())
+        t = localsteps.local_step(*voters, buckets, P, times, local_steps, stream, host, shared)
+        t.setdefault("step", _step_seconds(compute, t["tail"], times["optimizer"]))
     else:
         t = _the_step(ex, meth, buckets, P, times, overlap, K, host, compute)
     step = t["step"]

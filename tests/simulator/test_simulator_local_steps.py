@@ -159,27 +159,66 @@ def test_streaming_options_are_checked_as_lioncub_checks_them():
         simulate_step(cluster, "vote-1bit", local_steps=4, fragments=2, **STEP)
 
 
+def _host_profile(**host):
+    from lioncub.simulator import get_profile
+    from lioncub.simulator.hosts import HostModel
+
+    return get_profile("ideal").replace(host=HostModel(**host).to_dict())
+
+
+HOST_STEP = dict(STEP, params=2**20, bucket_mb=1.0, backend=None)
+
+
 def test_ranks_drift_apart_between_exchanges_and_each_waits_for_the_latest_voter():
     """With a host model whose steps vary (step_cv), an exchange after k steps without a collective starts when the
     latest of the m voters arrives: step_cv x step x sqrt(k) x E[max of m normals] later (HostModel.drift). Not
-    streamed: k = H; streamed: k = H / F, each fragment's exchange starting that much later."""
-    from lioncub.simulator import get_profile
-    from lioncub.simulator.hosts import HostModel, expected_max
+    streamed: k = H; streamed: k = H / F, each fragment's exchange starting that much later (here every
+    fragment's exchange outlasts the D inner steps that could hide it, so each wait grows by all of it)."""
+    from lioncub.simulator.hosts import expected_max
 
     cluster, H, F, D, cv = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 20, 4, 1, 0.1
-    P = 2**20
-    step = dict(STEP, params=P, bucket_mb=1.0, backend=None)
-    quiet = get_profile("ideal")
-    noisy = quiet.replace(host=HostModel(cores=64.0, shared_by=1, step_cv=cv).to_dict())
-    inner = 0.01 + UPDATE_BYTES_PER_PARAM * P / MEM
-    for kw, k in [(dict(), H), (dict(fragments=F, outer_delay=D), H / F)]:
-        a = simulate_step(cluster, "vote-1bit", local_steps=H, **{**step, "backend": quiet}, **kw)
-        b = simulate_step(cluster, "vote-1bit", local_steps=H, **{**step, "backend": noisy}, **kw)
+    inner = 0.01 + UPDATE_BYTES_PER_PARAM * 2**20 / MEM
+    for kw, k, waits in [(dict(), H, 1), (dict(fragments=F, outer_delay=D), H / F, F)]:
+        a = simulate_step(cluster, "vote-1bit", local_steps=H, **{**HOST_STEP, "backend": _host_profile(
+            cores=64.0, shared_by=1)}, **kw)
+        b = simulate_step(cluster, "vote-1bit", local_steps=H, **{**HOST_STEP, "backend": _host_profile(
+            cores=64.0, shared_by=1, step_cv=cv)}, **kw)
         late = cv * inner * k ** 0.5 * expected_max(4)
-        if kw:  # each fragment's wait grows by what its later start is not already hidden by
-            busy = (a.exposed_communication_seconds * H / F) + D * (inner + OUTER_BYTES_PER_PARAM * P / MEM / H)
-            want = F * max(0.0, busy + late - D * (inner + OUTER_BYTES_PER_PARAM * P / MEM / H)) / H
-        else:
-            want = a.exposed_communication_seconds + late / H
-        assert b.exposed_communication_seconds == pytest.approx(want, rel=1e-9), kw
+        assert b.exposed_communication_seconds - a.exposed_communication_seconds == pytest.approx(
+            waits * late / H, rel=1e-9), kw
         assert b.communication_seconds == pytest.approx(a.communication_seconds, rel=1e-12)
+
+
+def test_local_steps_on_devices_never_shared_give_the_analytic_step():
+    # a core per job and nothing else on the host: the processes (localshared.py) reproduce the analytic step of an
+    # outer step in step(), its exposed time being all of the outer step (as LionCub times it)
+    cluster, H = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 25
+    for method in ("vote-1bit", "allreduce"):
+        a = simulate_step(cluster, method, local_steps=H, **STEP)
+        b = simulate_step(cluster, method, local_steps=H, **{**STEP, "backend": _host_profile(cores=1000.0)})
+        assert b.step_seconds == pytest.approx(a.step_seconds, rel=1e-9)
+        assert b.exposed_communication_seconds == pytest.approx(
+            a.exposed_communication_seconds + a.codec_seconds, rel=1e-9)
+        assert b.optimizer_seconds == pytest.approx(a.optimizer_seconds, rel=1e-9)
+
+
+def test_shared_cores_slow_the_inner_update_and_a_streamed_exchange_pays_wakes_while_they_compute():
+    """4 ranks on 2 cores: the inner Lion update runs at the share each rank gets (2 / 4 of a core), and the
+    outer exchange's collectives wait for a core at each of their waits only while the ranks compute: a streamed
+    exchange (on the thread, beside the next inner steps) pays the wakes, the same exchange in step() does not."""
+    cluster, H = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 20
+    roomy, busy = (dict(cores=1000.0, shared_by="cluster", waits_by="gloo", groups=True),
+                   dict(cores=2.0, shared_by="cluster", waits_by="gloo", groups=True))
+    update = UPDATE_BYTES_PER_PARAM * 2**20 / MEM
+    r = simulate_step(cluster, "vote-1bit", local_steps=H, **{**HOST_STEP, "backend": _host_profile(**busy)})
+    assert r.optimizer_seconds == pytest.approx(update * 4 / 2, rel=1e-9)
+    streamed = dict(fragments=4, outer_delay=1)
+    for kw, pays in [(dict(), False), (streamed, True)]:
+        quiet, woken = (simulate_step(cluster, "vote-1bit", local_steps=H, **kw, **{
+            **HOST_STEP, "backend": _host_profile(**busy, wake=wake)}) for wake in (0.0, 5e-3))
+        if pays:
+            assert woken.communication_seconds > quiet.communication_seconds + 5e-3 / H
+        else:
+            assert woken.communication_seconds == pytest.approx(quiet.communication_seconds, rel=1e-12)
+    one = simulate_step(cluster, "vote-1bit", local_steps=H, **{**HOST_STEP, "backend": _host_profile(**roomy)})
+    assert r.step_seconds > one.step_seconds
