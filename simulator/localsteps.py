@@ -22,6 +22,10 @@ on the main thread.
   the node layout a fragment's time on the thread is its voter's exchange and then the leader's broadcasts of
   the flag and of the fragment's agreed update inside the node (the inner steps' node mean stays in step()).
 
+On a host's shared devices (a profile with a `host`) the same step runs as processes on its cores
+(localshared.py): the inner update at the share each rank gets, and the outer exchange's collectives with their
+CPU and their wake-ups, which a streamed exchange pays while the next inner steps compute.
+
 A node broadcast is costed as an all-gather of the same output inside the node (the simulator's primitives
 have no broadcast; a pipelined broadcast and a ring all-gather move about the same bytes per link).
 """
