@@ -140,11 +140,33 @@ class StepResult:
         return d
 
 
-def _buckets(params: int, bucket_bytes: float) -> list[tuple[int, int]]:
-    """Runs of equal buckets in backward's order: (fp32 parameters per bucket, how many such buckets)."""
+def _buckets(params: int, bucket_bytes: float, tensors=None) -> list[tuple[int, int]]:
+    """Runs of buckets in backward's order: (fp32 parameters per bucket, how many such buckets in a row). Equal
+    buckets; with the model's `tensors` (element counts in model.parameters() order), LionCub's own cut of them."""
+    if tensors is not None:
+        runs: list[list[int]] = []
+        for ks in wire.cut_buckets([4 * n for n in reversed(tensors)], bucket_bytes):
+            e = sum(tensors[len(tensors) - 1 - i] for i in ks)
+            if runs and runs[-1][0] == e:
+                runs[-1][1] += 1
+            else:
+                runs.append([e, 1])
+        return [(e, k) for e, k in runs]
     per = max(1, int(bucket_bytes // 4))
     full, last = divmod(params, per)
     return ([(per, full)] if full else []) + ([(last, 1)] if last else [])
+
+
+def _tensors(tensors, params):
+    """The model's tensor sizes (a list of positive ints) and the parameter count they give; one-line errors."""
+    if tensors is None:
+        return None, params
+    sizes = list(tensors) if isinstance(tensors, (list, tuple)) else None
+    if not sizes or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in sizes):
+        raise ValueError(f"tensors must be a non-empty list of positive element counts, got {tensors!r}")
+    if params is not None and parse_count(params) != sum(sizes):
+        raise ValueError(f"params={params!r} but the tensors hold {sum(sizes)} parameters: give one or make them agree")
+    return sizes, sum(sizes)
 
 
 def simulate_step(
@@ -154,7 +176,7 @@ def simulate_step(
     backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
     hierarchical: bool = False, local_steps: int | None = None, fragments: int | None = None,
     outer_delay: int | None = None, sharded: bool = False, units=None, param_dtype: str = "float32",
-    _baseline: bool = True,
+    tensors=None, _baseline: bool = True,
 ) -> StepResult:
     """Simulate one data-parallel training step with lioncub `method` on `cluster`.
 
@@ -181,6 +203,9 @@ def simulate_step(
         on the shards (HSDP, simulator/sharded.py; a dense method: FSDP2's own HSDP with plain Lion, which is
         then the baseline). units: the FSDP units' parameter counts in forward order, the root first
         (default: bucket_mb MiB each); param_dtype: the parameters' all-gather dtype (MixedPrecisionPolicy).
+    tensors: the model's parameter tensors' element counts in model.parameters() order (params defaults to their
+        sum): LionCub's buckets are cut at their boundaries, as the optimizer cuts them (each closes once it holds
+        bucket_mb); default: equal buckets of bucket_mb. Not sharded; the baseline keeps DDP's equal buckets.
     memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
         `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
         devices by a calibration: those speeds replace memory_bandwidth for those kernels.
@@ -188,6 +213,8 @@ def simulate_step(
     args = dict(locals())
     layout = {k: args.pop(k) for k in ("sharded", "units", "param_dtype")}
     if layout.pop("sharded"):
+        if args.pop("tensors") is not None:
+            raise ValueError("tensors describe LionCub's buckets; a sharded model's are its FSDP units: give units")
         return _sharded_step(args, **layout)
     if layout["units"] is not None or layout["param_dtype"] != "float32":
         raise ValueError("units and param_dtype describe the sharded layout: give sharded=True")
@@ -196,12 +223,13 @@ def simulate_step(
 
 def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second,
                      tokens_per_step, backend, algorithm, *, grad_dtype, levels, memory_bandwidth, backward_fraction,
-                     overlap, cache, exact, hierarchical, local_steps, fragments, outer_delay,
+                     overlap, cache, exact, hierarchical, local_steps, fragments, outer_delay, tensors,
                      _baseline) -> StepResult:
     """simulate_step in the flat and hierarchical layouts (every rank holds the whole model)."""
     meth = methods.get(method)
     _check_layout(meth, hierarchical)
     stream = localsteps.check(local_steps, fragments, outer_delay, momentum_sync)
+    tensors, params = _tensors(tensors, params)
     P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
                                           memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
     profile, cache = get_profile(backend), cache if cache is not None else Cache()
@@ -215,7 +243,7 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
         if voters is None else _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, voters[0].N, 0,
                                              levels, "float32")
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
-    buckets = _buckets(P, bucket_mb * 2**20)
+    buckets = _buckets(P, bucket_mb * 2**20, tensors)
     if voters is not None:
         shared = None if host is None else (host.ranks_per_host(ex.N, ex.cluster.gpus_per_node),
                                             *ex.probed(contention.HOP_PROBE).voters())

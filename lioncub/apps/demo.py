@@ -47,6 +47,7 @@ def run(args) -> int:
     from lioncub.apps.train.configs import DDP_LION
     from lioncub.apps.train.loop import TrainConfig, build
     from lioncub.apps.train.models import count_params
+    from lioncub.apps.train.predict import tensor_sizes
     from lioncub.simulator import Cluster
     from lioncub.simulator.units import format_rate, parse_rate
 
@@ -62,7 +63,7 @@ def run(args) -> int:
     profile, host = _measure(base_cfg, args.ranks)
     compute = host["compute_seconds"]
     cluster = Cluster.for_ranks(args.ranks, bandwidth=rate, latency=0.0)
-    _simulate(cluster, profile, params, compute)
+    _simulate(cluster, profile, params, compute, tensor_sizes(base_cfg))
     best = _autotune(cluster, profile, params, compute, args.steps)
     chosen = TrainConfig(**SCENARIO, method=best.method, steps=args.steps, levels=best.levels,
                          momentum_sync=best.momentum_sync, bucket_mb=best.bucket_mb)
@@ -103,8 +104,9 @@ def _measure(cfg, ranks: int):
     return profile, rep
 
 
-def _simulate(cluster, profile, params: int, compute: float) -> None:
-    """Step 2: every method's simulated step against ddp+lion's (torch DDP's fp32 all-reduce in its buckets)."""
+def _simulate(cluster, profile, params: int, compute: float, tensors: list[int]) -> None:
+    """Step 2: every method's simulated step against ddp+lion's (torch DDP's fp32 all-reduce in its buckets);
+    LionCub's buckets cut at the model's `tensors` as the optimizer cuts them."""
     from lioncub.apps.train.configs import DDP_LION
     from lioncub.apps.train.predict import DDP_BUCKET_MB
     from lioncub.comm.wire import auto_bucket_mb
@@ -117,8 +119,8 @@ def _simulate(cluster, profile, params: int, compute: float) -> None:
     base = simulate_step(cluster, methods.BASELINE, params, None, DDP_BUCKET_MB, compute, backend=profile)
     bucket_mb = auto_bucket_mb(4 * params)
     say(f"   {'method':16s} {'step (interval)':>26s} {'exposed':>10s} {'speedup (interval)':>22s} {'sent/step':>10s}")
-    rows = {DDP_LION.name: base} | {m: simulate_step(cluster, m, params, None, bucket_mb, compute, backend=profile)
-                                    for m in methods.NAMES}
+    rows = {DDP_LION.name: base} | {m: simulate_step(cluster, m, params, None, bucket_mb, compute, backend=profile,
+                                                     tensors=tensors) for m in methods.NAMES}
     for name, r in rows.items():
         x = base.step_seconds / r.step_seconds
         band = ratio_interval(x, profile.forecast_error)

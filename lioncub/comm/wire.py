@@ -156,6 +156,21 @@ def auto_bucket_mb(total_bytes: float) -> float:
     return min(25.0, max(1.0, total_bytes / 8 / 2**20))
 
 
+def cut_buckets(nbytes: list[int], bucket_bytes: float) -> list[list[int]]:
+    """LionCub's buckets of tensors of `nbytes` bytes each, given in backward's order (the last parameter first):
+    the indices of each bucket, which closes once it holds at least `bucket_bytes` (at a tensor's boundary)."""
+    out, current, size = [], [], 0
+    for i, n in enumerate(nbytes):
+        current.append(i)
+        size += n
+        if size >= bucket_bytes:
+            out.append(current)
+            current, size = [], 0
+    if current:
+        out.append(current)
+    return out
+
+
 STEP_RUN_MB = 64.0  # when nothing overlaps, step() exchanges adjacent automatic buckets as one, up to this size
 
 

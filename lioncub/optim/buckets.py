@@ -19,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from lioncub import kernels
+from lioncub.comm import wire
 from lioncub.optim.nodes import RowShards
 
 # Every bucket starts on a multiple of this many elements: where the kernels start their pieces (64, CPU) and
@@ -143,16 +144,8 @@ class BucketSet:
         return Hyper(group["lr"], group["weight_decay"], beta1, beta2)
 
     def _cut(self, params) -> list[list]:
-        groups, current, size = [], [], 0
-        for p in params:
-            current.append(p)
-            size += p.numel() * p.element_size()
-            if size >= self.bucket_bytes:
-                groups.append(current)
-                current, size = [], 0
-        if current:
-            groups.append(current)
-        return groups
+        cuts = wire.cut_buckets([p.numel() * p.element_size() for p in params], self.bucket_bytes)
+        return [[params[i] for i in ks] for ks in cuts]
 
     def _flatten(self, group_index, params, dtype, device, state) -> list[Bucket]:
         """Copy `params` into flat buffers (each bucket starting on a multiple of BUCKET_ALIGN), make each

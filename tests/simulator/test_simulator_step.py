@@ -223,3 +223,35 @@ def test_codec_on_compute_cores_adds_to_backward_and_hides_only_communication():
     assert r.exposed_communication_seconds == pytest.approx(end - (fwd + bwd), rel=0.01)
     assert r.step_seconds == pytest.approx(compute + r.codec_seconds + (end - fwd - bwd) + 20 * P / MEM, rel=0.01)
     assert r.step_seconds > gpu_like.step_seconds
+
+
+@pytest.mark.parametrize("bucket_mb", [0.5, 2.0, None])
+def test_the_models_tensors_give_lioncubs_own_buckets(bucket_mb):
+    """simulate_step(tensors=...) cuts the buckets where LionCub cuts them (at tensor boundaries, each closing once
+    it holds bucket_mb; None: LionCub's automatic size, passed as wire.auto_bucket_mb), checked against an
+    optimizer's buckets on a model of uneven tensors."""
+    import collections
+
+    import torch
+
+    from lioncub import LionCub
+    from lioncub.comm import wire
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(3000, 256), torch.nn.Linear(256, 1500), torch.nn.LayerNorm(1500),
+                                torch.nn.Linear(1500, 512), torch.nn.Linear(512, 3000, bias=False))
+    sizes = [p.numel() for p in model.parameters()]
+    opt = LionCub(model.parameters(), lr=1e-3, method="vote-1bit", bucket_mb=bucket_mb)
+    engine = collections.Counter(sum(p.numel() for p in b.params) for b in opt.engine.buckets)
+    mb = bucket_mb or wire.auto_bucket_mb(4 * sum(sizes))
+    r = simulate_step(Cluster(nodes=4, bandwidth="1Gbit"), "vote-1bit", None, None, mb, 0.1, tensors=sizes)
+    sim = collections.Counter()
+    for c in r.collectives:
+        if c["what"] == "vote-1bit":
+            sim[c["size_bytes"] // 4] += c["count"]
+    assert r.params == sum(sizes) and r.buckets == len(opt.engine.buckets) > 1
+    assert sim == engine
+    with pytest.raises(ValueError, match="tensors hold"):
+        simulate_step(Cluster(nodes=4, bandwidth="1Gbit"), "vote-1bit", sum(sizes) + 1, None, mb, 0.1, tensors=sizes)
+    with pytest.raises(ValueError, match="tensors must be"):
+        simulate_step(Cluster(nodes=4, bandwidth="1Gbit"), "vote-1bit", None, None, mb, 0.1, tensors=[3, 0])

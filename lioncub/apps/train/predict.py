@@ -58,8 +58,27 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
         if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.runs)
             bucket_mb = max(bucket_mb, STEP_RUN_MB)
     layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
+    if not run.plain_lion and not run.wrapper.fsdp and tensor_sizes(cfg) and sum(tensor_sizes(cfg)) == params:
+        layout["tensors"] = tensor_sizes(cfg)  # LionCub's buckets, cut at the model's tensors as the optimizer cuts
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
                          levels=cfg.levels, overlap=overlap, **layout)
+
+
+_SIZES: dict = {}
+
+
+def tensor_sizes(cfg) -> list[int]:
+    """The element counts of cfg's model's trainable tensors in model.parameters() order (built once per model,
+    block size and data set; the global random state is left as it was)."""
+    key = (cfg.model, cfg.block_size, cfg.data)
+    if key not in _SIZES:
+        import torch
+
+        from lioncub.apps.train.loop import build
+
+        with torch.random.fork_rng(devices=[]):
+            _SIZES[key] = [p.numel() for p in build(cfg)[0].parameters() if p.requires_grad]
+    return _SIZES[key]
 
 
 def unit_params(cfg) -> list[int]:
