@@ -10,6 +10,9 @@ steps of the methods that talk every step. One representative rank per host (the
   then each collective (`contention.run_call`: its network time, a wake-up at each wait while the host's cores
   are busy, its software path's CPU on the cores).
 
+In the node layout only each node's leader votes; the model runs the leader's thread for every rank of the host
+(the ranks are taken as symmetric), an upper bound on what the thread takes from the cores.
+
 An outer step that is not streamed is one fragment of every bucket, launched and applied at every H-th step (D = 0):
 step() waits for all of it. Streamed, the thread's work shares the cores with the next inner steps' compute,
 and its collectives' waits fall while every core computes: what makes a streamed exchange on a CPU host take
