@@ -49,11 +49,11 @@ class LocalSim:
         self.host, self.H, self.work, self.calls, self.node = host, H, work, calls, node
         self.offsets, self.D, self.drift = offsets, D, drift
         self.queue = simpy.Store(self.env)
-        self.last = dict(compute=0.0, exposed=0.0, optimizer=0.0, codec=0.0, comm=0.0)
+        self.last = dict(exposed=0.0, optimizer=0.0, codec=0.0, comm=0.0)
 
     def run(self) -> dict:
-        """Per inner step, over the last interval: step, compute (as it ran), exposed, optimizer (the inner update; the
-        launches and the applications when streamed, else they are exposed), codec and comm (the thread's)."""
+        """Per inner step, over the last interval: step, exposed, optimizer (the inner update; the launches and the
+        applications when streamed, else they are exposed), codec and comm (the thread's)."""
         self.env.process(self.thread())
         main = self.env.process(self.main())
         start, end = self.env.run(until=main)
@@ -77,7 +77,7 @@ class LocalSim:
         for t in range(1, CYCLES * self.H + 1):
             if t == (CYCLES - 1) * self.H + 1:
                 start = env.now
-            yield from self._timed("compute", t, cores.run(work["compute"]))
+            yield cores.run(work["compute"])
             for c in self.node:
                 yield from self._timed("exposed", t, env.process(contention.run_call(env, cores, self.host, c)))
             yield from self._timed("optimizer", t, cores.run(work["update"]))

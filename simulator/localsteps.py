@@ -132,9 +132,7 @@ def _on_shared_devices(voters, node, buckets, sizes, P, times, H, stream, host, 
         for e, k in buckets:
             node_calls += contention.calls_of(node.mean(e), probed_node.mean(e), NODE_MEAN, 4 * e, N, node.G,
                                               voters.profile) * k
-    out = LocalSim(host, weight, H, work, calls, node_calls, offsets, D, drift).run()
-    return dict(step=out["step"], optimizer=out["optimizer"], exposed=out["exposed"], codec=out["codec"],
-                comm=out["comm"])
+    return LocalSim(host, weight, H, work, calls, node_calls, offsets, D, drift).run()
 
 
 def _calls(voters, node, probed_voters, probed_node, sizes: list[int]) -> list:

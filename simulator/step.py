@@ -48,6 +48,7 @@ FSDP2 overlaps them; simulator/sharded.py and shardsim.py.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass, field
 
@@ -144,14 +145,9 @@ def _buckets(params: int, bucket_bytes: float, tensors=None) -> list[tuple[int, 
     """Runs of buckets in backward's order: (fp32 parameters per bucket, how many such buckets in a row). Equal
     buckets; with the model's `tensors` (element counts in model.parameters() order), LionCub's own cut of them."""
     if tensors is not None:
-        runs: list[list[int]] = []
-        for ks in wire.cut_buckets([4 * n for n in reversed(tensors)], bucket_bytes):
-            e = sum(tensors[len(tensors) - 1 - i] for i in ks)
-            if runs and runs[-1][0] == e:
-                runs[-1][1] += 1
-            else:
-                runs.append([e, 1])
-        return [(e, k) for e, k in runs]
+        backward = tensors[::-1]
+        sizes = [sum(backward[i] for i in ks) for ks in wire.cut_buckets([4 * n for n in backward], bucket_bytes)]
+        return [(e, len(list(run))) for e, run in itertools.groupby(sizes)]
     per = max(1, int(bucket_bytes // 4))
     full, last = divmod(params, per)
     return ([(per, full)] if full else []) + ([(last, 1)] if last else [])

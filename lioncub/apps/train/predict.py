@@ -58,8 +58,8 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
         if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.runs)
             bucket_mb = max(bucket_mb, STEP_RUN_MB)
     layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
-    if not run.plain_lion and not run.wrapper.fsdp and tensor_sizes(cfg) and sum(tensor_sizes(cfg)) == params:
-        layout["tensors"] = tensor_sizes(cfg)  # LionCub's buckets, cut at the model's tensors as the optimizer cuts
+    if not run.plain_lion and not run.wrapper.fsdp and sum(sizes := tensor_sizes(cfg)) == params:
+        layout["tensors"] = sizes  # LionCub's buckets, cut at the model's tensors as the optimizer cuts them
     return simulate_step(cluster, method, params, interval, bucket_mb, compute_seconds, backend=profile,
                          levels=cfg.levels, overlap=overlap, **layout)
 
