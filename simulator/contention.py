@@ -12,10 +12,11 @@ all of them on the host's `Cores`):
 A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
 model), cut at each wait of its critical path (`HostModel.waits`: where a member's thread blocks until a
 message arrives) and at the wait for the last of its members (`harmonic`), each followed by a wake-up wait
-(`HostModel.wake`) if every core of the host is busy at that moment, while its
-software path (`HostModel.call_work`: `call_cpu` per peer of the probe's, `byte_cpu` per byte `moved`) runs
-as a job on the cores: it ends when both are done. Compute comes in as measured with every rank of the host
-computing at once (`compute_seconds`): its work is that time at the share each of the host's ranks had then.
+(`HostModel.wake`) if every core of the host is busy at that moment, while its software path
+(`HostModel.call_work`: `call_cpu` per call, `message_cpu` per message of Gloo's program, `byte_cpu` per byte
+`moved`) runs as a job on the cores: it ends when both are done. Compute comes in as measured with every rank of
+the host computing at once (`compute_seconds`): its work is that time at the share each of the host's ranks had
+then.
 
 Every K steps the momenta are averaged after the update, one bucket after another; that time counts 1/K.
 """
@@ -48,6 +49,7 @@ class Call:
     bytes: float  # a member's bytes through its software path: sent plus received / efficiency (`moved`)
     op: str = "allreduce"
     buffer: float = 0.0  # the collective's buffer, bytes (an all-reduce's tensor; a member's share x members)
+    element: int = 4  # bytes per element of the buffer (where Gloo may cut it into segments)
 
 
 def moved(profile, op: str, sent: float) -> float:
@@ -60,7 +62,7 @@ def moved(profile, op: str, sent: float) -> float:
 
 
 def make_call(what: str, algorithm: str, size: float, seconds: float, probed: float, members: int, op: str,
-              sent: float, profile) -> Call:
+              sent: float, profile, element: int = 4) -> Call:
     """A Call of a collective `op` whose member sends `sent` payload bytes, simulated in `seconds` and in `probed`
     with HOP_PROBE more latency on every link (which counts the latencies on its critical path): the bytes its
     software path moves (`moved`) and its buffer (what the library's program is cut by, HostModel.waits)."""
@@ -159,8 +161,8 @@ def run_call(env, cores: Cores, host: HostModel, c: Call):
     its members' one, a fraction where H(m) has one), each followed by the wait for a core at that moment
     (`Cores.turn_wait`), beside its software path's CPU work. A wait after backward has ended costs nothing on
     quiet cores, one during backward the whole `wake`, whenever the call began."""
-    units = host.waits(c.op, c.buffer, c.members, c.hops) + harmonic(c.members) if host.wake > 0 else 0.0
-    cpu = cores.run(host.call_work(c.members, c.bytes))
+    units = host.waits(c.op, c.buffer, c.members, c.hops, c.element) + harmonic(c.members) if host.wake > 0 else 0.0
+    cpu = cores.run(host.call_work(c.members, c.bytes, c.op, c.buffer, c.element))
     # a ring among thousands of ranks waits thousands of times: at most WAIT_PIECES moments, each for its share
     pieces = max(1, math.ceil(units - 1e-9))
     scale = max(1.0, pieces / WAIT_PIECES)
@@ -210,9 +212,14 @@ def apply_split(host: HostModel, meth, codecs: list[float]) -> tuple[list[float]
 
 def control_call(ex, probed, N: int) -> Call:
     r, twin = ex.control(), probed.control()
-    return make_call("control", r.algorithm, wire.CONTROL.nbytes, r.seconds, twin.seconds, N, wire.CONTROL.op,
-                     r.bytes_sent_per_rank, ex.profile)
+    return control_of(r.algorithm, r.seconds, twin.seconds, N, r.bytes_sent_per_rank, ex.profile)
 
 
-__all__ = ["Call", "StepSim", "apply_split", "calls_of", "compute_work", "control_call", "loaded_collective",
-           "make_call", "moved", "run_call"]
+def control_of(algorithm: str, seconds: float, probed: float, N: int, sent: float, profile) -> Call:
+    """LionCub's control all-reduce (wire.CONTROL) among N ranks as a Call (see make_call)."""
+    c = wire.CONTROL
+    return make_call("control", algorithm, c.nbytes, seconds, probed, N, c.op, sent, profile, wire.DTYPE_BYTES[c.dtype])
+
+
+__all__ = ["Call", "StepSim", "apply_split", "calls_of", "compute_work", "control_call", "control_of",
+           "loaded_collective", "make_call", "moved", "run_call"]

@@ -21,22 +21,24 @@ a training run):
   its m members has woken up: the
   expected latest of m such waits, `wake * H(m)` (H the harmonic number: the mean of the largest of m
   exponential waits). Skew between ranks is that order statistic, so it grows with the group.
-* `call_cpu`, `byte_cpu`: CPU seconds a collective call costs each member (Python, the process group, the
-  library's threads), and per byte it sends or receives (copies and the TCP stack, loopback or NIC): jobs
-  on the host's cores while the collective runs. `call_peers`: the peers (members - 1) of the call that
-  `call_cpu` was measured on. The fixed cost is per peer, not per call: a member's call progresses only as
-  each of the other members' threads gets its turn on the shared cores, so a call among m members costs
-  `call_cpu * (m - 1) / call_peers` (`call_work`), whatever the algorithm: a node collective among 2 of 8
-  ranks 1/7 of the 8-rank probe's. None: `call_cpu` per call whatever its group (profiles calibrated
-  before this was recorded).
+* `call_cpu`, `message_cpu`, `byte_cpu`: CPU seconds a collective costs each member (Python, the process group,
+  the library's threads), as jobs on the host's cores while the collective runs: `call_cpu` per call,
+  `message_cpu` per message of the library's program the member sends or receives (`gloo_messages`), `byte_cpu`
+  per byte it sends or receives (copies and the TCP stack, loopback or NIC). Gloo's ring all-reduce cuts its
+  buffer into at least 2 m segments and skips every send and receive of an empty one, so LionCub's 3-element
+  control message costs a member 9 messages among 4 ranks where a bucket costs 24 (measured on loopback: 0.9
+  and 1.8 ms of CPU; 1.0 and 3.7 ms among 8 ranks with 10.5 and 56 messages: 0.07 ms a message and 0.1-0.25 ms
+  a call at both sizes). `message_cpu` None (profiles calibrated before it was measured): `call_cpu` per peer
+  of the probe's (`call_peers`: the probe's members - 1), `call_cpu * (m - 1) / call_peers` for m members; and
+  without `call_peers`, `call_cpu` per call whatever its group (`call_work`).
 * `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
   (loopback TCP for Gloo ranks; NVLink or PCIe for GPUs): they replace the cluster's intra-node link.
 * `waits_by`: how many times a collective's thread blocks for a message on its critical path, each a wake-up
   that waits `wake` for a core when every core is busy (`waits`): "gloo", the blocking waits in a row of Gloo's
-  own programs (its ring all-reduce cut into segments of at most 1 MiB, its all-gather's one wait per peer, its
-  all-to-all's one; gloo/allreduce.cc, allgather.cc, alltoall.cc), which CPU ranks on Gloo run whatever
-  algorithm the network model simulates; "latencies", the latencies on the simulated algorithm's critical
-  path (profiles calibrated before this was recorded).
+  own programs (its ring all-reduce cut into segments of at most 1 MiB, of which it waits only for the non-empty
+  ones; its all-gather's one wait per peer, its all-to-all's one; gloo/allreduce.cc, allgather.cc,
+  alltoall.cc), which CPU ranks on Gloo run whatever algorithm the network model simulates; "latencies", the
+  latencies on the simulated algorithm's critical path (profiles calibrated before this was recorded).
 * `groups`: each rank is a scheduling group of its own (a session of its own under Linux autogroup, as torchrun
   and the lab start ranks). A woken thread then waits for its group's turn while the rank's other threads are
   runnable (its main thread computing holds the group's place in the queue), and not at all while they are not
@@ -86,6 +88,7 @@ class HostModel:
     intra_latency: float | None = None
     step_cv: float = 0.0
     call_peers: float | None = None
+    message_cpu: float | None = None
     waits_by: str = "latencies"
     groups: bool = False
     apply_share: tuple | None = None
@@ -106,6 +109,7 @@ class HostModel:
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
         number("call_peers", allow_none=True, positive=True)
+        number("message_cpu", allow_none=True)
         if self.apply_share is not None:
             pairs = self.apply_share.items() if isinstance(self.apply_share, dict) else self.apply_share
             try:
@@ -154,22 +158,31 @@ class HostModel:
             return gpus_per_node
         return min(int(self.shared_by), ranks)
 
-    def call_work(self, members: int, nbytes: float) -> float:
-        """CPU seconds a collective among `members` ranks costs each of them for `nbytes` sent plus received:
-        `call_cpu` per peer of the probe's (`call_peers`; per call where that is not known) and `byte_cpu` per
-        byte."""
+    def call_work(self, members: int, nbytes: float, op: str = "allreduce", buffer: float = 0.0,
+                  element: int = 4) -> float:
+        """CPU seconds a collective `op` on a `buffer` of bytes (of `element`-byte elements) among `members` ranks
+        costs each of them for `nbytes` sent plus received: `call_cpu`, `message_cpu` per message of Gloo's
+        program and `byte_cpu` per byte (without `message_cpu`: `call_cpu` per peer of the probe's, or per call;
+        see the module)."""
+        m = int(members)
+        if self.message_cpu is not None:
+            if m <= 1:
+                return 0.0
+            return self.call_cpu + self.message_cpu * gloo_messages(op, buffer, m, element) + self.byte_cpu * nbytes
         fixed = self.call_cpu
         if self.call_peers is not None:
-            fixed *= max(0, int(members) - 1) / self.call_peers
+            fixed *= max(0, m - 1) / self.call_peers
         return fixed + self.byte_cpu * nbytes
 
-    def waits(self, op: str, buffer: float, members: int, latencies: float) -> float:
-        """The waits on the critical path of a collective `op` on a `buffer` of bytes among `members` ranks, at
-        which a member's thread blocks until a message arrives (`waits_by`; `latencies`: the simulated
-        algorithm's count). Gloo's programs:
-        * all-reduce, ring: the buffer in s segments per member (at most 1 MiB each, at least 2 per member), a
-          reduce-scatter and an all-gather of (m - 1) s iterations each, in two lanes of sends in flight:
-          (m - 1) s waits in a row. Gloo's reduce-scatter is an all-reduce of the whole buffer (contention.moved);
+    def waits(self, op: str, buffer: float, members: int, latencies: float, element: int = 4) -> float:
+        """The waits on the critical path of a collective `op` on a `buffer` of bytes (`element`-byte elements)
+        among `members` ranks, at which a member's thread blocks until a message arrives (`waits_by`;
+        `latencies`: the simulated algorithm's count). Gloo's programs:
+        * all-reduce, ring: the buffer in S segments (`gloo_segments`: at most 1 MiB each, at least 2 per member)
+          of which K are not empty, a reduce-scatter and an all-gather in which each member receives the K
+          segments but its own chunk's (K (m - 1) / m on average), in two lanes of receives in flight:
+          K (m - 1) / m waits in a row. Gloo's reduce-scatter is an all-reduce of the whole buffer
+          (contention.moved);
         * all-gather: 2 (m - 1) half chunks in two lanes: m - 1;
         * all-to-all: every send and receive posted at once, then a wait for each peer's message, all in flight
           together: 1 in a row (waiting for the last of the peers is the skew's, `harmonic`);
@@ -180,8 +193,7 @@ class HostModel:
         if self.waits_by == "latencies":
             return latencies
         if op in ("allreduce", "reducescatter"):
-            per_member = max(2, -(-math.ceil(buffer / GLOO_SEGMENT) // m))
-            return float((m - 1) * per_member)
+            return gloo_segments(buffer, m, element)[1] * (m - 1) / m
         if op == "allgather":
             return float(m - 1)
         if op == "alltoall":
@@ -197,6 +209,40 @@ class HostModel:
         """How long a collective after k steps without one waits for the latest of its m members, beyond the
         representative rank's own arrival: step_cv * step * sqrt(k) * expected_max(m) (independent steps)."""
         return self.step_cv * step * math.sqrt(max(0.0, k)) * expected_max(m)
+
+
+def gloo_segments(buffer: float, members: int, element: int = 4) -> tuple[int, int]:
+    """(S, K): the segments Gloo's ring all-reduce cuts a `buffer` of bytes into among `members` ranks (a multiple of
+    m, at least 2 m, none over 1 MiB; each a whole number of `element`-byte elements) and how many of them hold
+    data: the last segments of a small buffer are empty (gloo/allreduce.cc, `ring`)."""
+    def up(a: int, b: int) -> int:
+        return -(-a // b)
+
+    m, e = max(1, int(members)), max(1, int(element))
+    total = max(0, math.ceil(buffer - 1e-9))
+    S = up(max(up(total, e * max(1, GLOO_SEGMENT // e)), 2 * m), m) * m
+    seg = up(up(total, S), e) * e
+    return S, (up(total, seg) if seg else 0)
+
+
+def gloo_messages(op: str, buffer: float, members: int, element: int = 4) -> float:
+    """The messages (sends and receives, each a non-empty transfer) a member of Gloo's program for the collective
+    `op` on a `buffer` of bytes among `members` ranks posts, the mean over members:
+    * all-reduce (and reduce-scatter, an all-reduce in Gloo): in each of its two rings every non-empty segment is
+      sent by m - 1 members and received by m - 1: 4 K (m - 1) / m;
+    * all-gather: 2 (m - 1) half chunks sent and as many received: 4 (m - 1);
+    * all-to-all: one to and one from each peer: 2 (m - 1);
+    * broadcast, reduce: a tree's m - 1 edges, each a send and a receive: 2 (m - 1) / m."""
+    m = int(members)
+    if m <= 1:
+        return 0.0
+    if op in ("allreduce", "reducescatter"):
+        return 4.0 * gloo_segments(buffer, m, element)[1] * (m - 1) / m
+    if op == "allgather":
+        return 4.0 * (m - 1)
+    if op == "alltoall":
+        return 2.0 * (m - 1)
+    return 2.0 * (m - 1) / m
 
 
 @functools.cache
@@ -288,4 +334,4 @@ class Cores:
         self._schedule()
 
 
-__all__ = ["Cores", "HostModel", "SCOPES", "expected_max", "harmonic"]
+__all__ = ["Cores", "HostModel", "SCOPES", "expected_max", "gloo_messages", "gloo_segments", "harmonic"]

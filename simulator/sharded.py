@@ -36,7 +36,7 @@ import dataclasses
 from lioncub.comm import wire
 
 from .collectives import simulate_collective, simulate_collectives
-from .contention import HOP_PROBE, Call, apply_split, calls_of, make_call
+from .contention import HOP_PROBE, Call, apply_split, calls_of, control_of
 from .hosts import HostModel
 from .shardsim import ShardedSim, unshared_step
 
@@ -133,8 +133,8 @@ class Wire:
             c = wire.CONTROL
             r, t = (simulate_collective(cl, c.op, self.spec.get(c.op, "auto"), c.nbytes, self.profile,
                                         cache=self.cache, exact=self.exact) for cl in (self.cluster, self.twin))
-            self.memo["control"] = (make_call("control", r.algorithm, c.nbytes, r.seconds, t.seconds,
-                                              self.cluster.ranks, c.op, r.bytes_sent_per_rank, self.profile),
+            self.memo["control"] = (control_of(r.algorithm, r.seconds, t.seconds, self.cluster.ranks,
+                                               r.bytes_sent_per_rank, self.profile),
                                     dict(seconds=r.seconds, sent=r.bytes_sent_per_rank, node_sent=0.0,
                                          nic=r.nic_bytes_per_node, algorithm=r.algorithm))
         return self.memo["control"]

@@ -87,6 +87,7 @@ def run(args) -> int:
 def _measure(cfg, ranks: int):
     """Step 1: the host calibration (lioncub.apps.train.hostcal) over the bundled network calibration."""
     from lioncub.apps.train.hostcal import calibrate_host
+    from lioncub.simulator.hosts import gloo_messages
 
     profile, rep = calibrate_host(cfg, ranks)
     h, lo_hi = rep["host"], rep["forecast_error"]
@@ -95,7 +96,10 @@ def _measure(cfg, ranks: int):
         f"{rep['raw']['codec_busy'] / rep['raw']['alone'][rep['raw']['busy_method']]:.1f}x slower than alone")
     loopback = (f"{h['intra_bandwidth'] / 1e9:.1f} Gbit/s" if h["intra_bandwidth"]
                 else "not measurable (2 MiB as fast as 24 bytes: noise)")
-    say(f"   collective CPU {1e6 * h['call_cpu']:.0f} us per {ranks}-rank call (scaled per peer) + "
+    per_message = (f" + {1e6 * h['message_cpu']:.0f} us per message of Gloo's "
+                   f"({gloo_messages('allreduce', 2**20, ranks):g} in a bucket's all-reduce)"
+                   if h.get("message_cpu") is not None else " (scaled per peer)")
+    say(f"   collective CPU {1e6 * h['call_cpu']:.0f} us per call{per_message} + "
         f"{1e9 * h['byte_cpu']:.2f} ns per byte; wake-up "
         f"wait {1e6 * h['wake']:.0f} us per message wait under compute (ranks in sessions of their own, as "
         f"torchrun starts them); loopback {loopback}")

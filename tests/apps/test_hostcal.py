@@ -12,7 +12,7 @@ from lioncub.simulator.hosts import HostModel
 
 from lioncub import methods
 from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
-from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, probe_call
+from lioncub.apps.train.hostcal import SIZES, background_from, error_band, fit_host, full_size, probe_call
 from lioncub.comm import wire
 
 
@@ -32,11 +32,15 @@ def test_background_is_recovered_from_the_slowdown_processor_sharing_gives(cores
 
 def _raw_from(host: HostModel, ranks: int, profile) -> dict:
     """The figures measure_host would report on a machine that behaves exactly as `host` says."""
-    small, big = wire.CONTROL.nbytes, SIZES[-1]
+    small, full, big = wire.CONTROL.nbytes, full_size(ranks), SIZES[-1]
     share = host.share(ranks)
-    moved = 2.0 * wire.bus_factor("allreduce", ranks) * big
+
+    def cpu(nbytes, element=4):  # what each rank's CPU costs: per call, per message of Gloo's, per byte moved
+        moved = 2.0 * wire.bus_factor("allreduce", ranks) * nbytes
+        return host.call_work(ranks, moved, "allreduce", nbytes, element)
+
     # on idle cores a call's CPU work runs at the ranks' share; its CPU time is that work
-    idle_cpu = {str(small): host.call_cpu, str(big): host.call_cpu + host.byte_cpu * moved}
+    idle_cpu = {str(small): cpu(small, 8), str(full): cpu(full), str(big): cpu(big)}
     idle = {k: v / share for k, v in idle_cpu.items()}
     busy_call = probe_call(profile, ranks, small, host)
     busy = {str(small): loaded_collective(host, ranks, busy_call, computing=True)}
@@ -50,17 +54,18 @@ def _raw_from(host: HostModel, ranks: int, profile) -> dict:
 
 def test_fit_recovers_the_host_that_generated_its_probes():
     profile = get_profile("gloo")
-    truth = HostModel(cores=2.0, shared_by="cluster", background=1.5, call_cpu=2e-4, byte_cpu=5e-10,
-                      intra_bandwidth=None, waits_by="gloo")
+    truth = HostModel(cores=2.0, shared_by="cluster", background=1.5, call_cpu=2e-4, message_cpu=6e-5,
+                      byte_cpu=5e-10, intra_bandwidth=None, waits_by="gloo")
     # the intra speed the fit will find is what the big probe's time implies: give the truth that speed
     raw = _raw_from(truth, 4, profile)
-    wire_s = raw["idle"][str(SIZES[-1])] - raw["idle"][str(wire.CONTROL.nbytes)]
+    wire_s = raw["idle"][str(SIZES[-1])] - raw["idle"][str(full_size(4))]
     truth = dataclasses.replace(truth, intra_bandwidth=8.0 * wire.bus_factor("allreduce", 4) * SIZES[-1] / wire_s,
                                 wake=1.5e-3)
     raw = _raw_from(truth, 4, profile)
     host, speeds = fit_host(raw, profile)
     assert host.background == pytest.approx(1.5, rel=1e-6)
     assert host.call_cpu == pytest.approx(2e-4, rel=1e-6)
+    assert host.message_cpu == pytest.approx(6e-5, rel=1e-6)
     assert host.byte_cpu == pytest.approx(5e-10, rel=1e-6)
     assert host.wake == pytest.approx(1.5e-3, rel=1e-4)
     assert host.waits_by == "gloo"  # the probes ran on Gloo: its programs' waits
@@ -115,7 +120,7 @@ def test_host_command_refuses_a_machine_of_one_rank(capsys, tmp_path):
 def test_no_loopback_speed_is_taken_from_probes_that_do_not_show_one():
     profile = get_profile("gloo")
     raw = _raw_from(HostModel(cores=2.0, shared_by="cluster", call_cpu=2e-4, byte_cpu=5e-10), 4, profile)
-    raw["idle"][str(SIZES[-1])] = raw["idle"][str(wire.CONTROL.nbytes)]  # noise: 2 MiB as fast as 24 B
+    raw["idle"][str(SIZES[-1])] = raw["idle"][str(full_size(4))]  # noise: 2 MiB as fast as 256 B
     host, _ = fit_host(raw, profile)
     # no speed from wall times that show none; the CPU per byte is the probes' CPU time, which the noise spared
     assert host.intra_bandwidth is None and host.byte_cpu == pytest.approx(5e-10)
@@ -134,32 +139,52 @@ def test_step_variation_is_each_ranks_own():
     assert step_cv([0.1] * 4, 4) == 0.0  # one step per rank: nothing to measure
 
 
-def test_the_fit_records_the_probes_peers():
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_the_fit_splits_a_calls_cpu_into_the_call_and_its_messages(ranks):
+    profile = get_profile("gloo")
+    truth = HostModel(cores=2.0, shared_by="cluster", background=0.5, call_cpu=3e-4, message_cpu=7e-5,
+                      byte_cpu=5e-10, waits_by="gloo")
+    host, _ = fit_host(_raw_from(truth, ranks, profile), profile)
+    assert (host.call_cpu, host.message_cpu) == (pytest.approx(3e-4), pytest.approx(7e-5))
+    assert host.call_peers is None  # a call's group is in its messages
+
+
+def test_a_calibration_without_the_full_probe_scales_the_controls_cpu_per_peer():
+    # raw figures from before the full probe (stored runs): the control's CPU per call, per peer of its R - 1
     profile = get_profile("gloo")
     truth = HostModel(cores=2.0, shared_by="cluster", background=0.5, call_cpu=2e-4, byte_cpu=5e-10)
     for ranks in (2, 4, 8):
-        host, _ = fit_host(_raw_from(truth, ranks, profile), profile)
-        assert host.call_peers == ranks - 1  # the control all-reduce among every rank of the run
-        # the probe itself is charged what was measured on it
+        raw = _raw_from(truth, ranks, profile)
+        del raw["idle_cpu"][str(full_size(ranks))]
+        host, _ = fit_host(raw, profile)
+        assert host.call_peers == ranks - 1 and host.message_cpu is None
         assert host.call_work(ranks, 0) == pytest.approx(host.call_cpu)
 
 
 def test_a_calls_cpu_is_the_cpu_time_measured_where_the_probes_report_it():
     # the probes' CPU time per call (every thread of a rank) is taken as it is, whatever the wall time: an idle
-    # call that waits on loopback for most of its 5 ms uses 0.8 ms of CPU
+    # call that waits on loopback for most of its 5 ms uses 0.9 ms of CPU, a call of every segment 1.8 ms (4 ranks)
     profile = get_profile("gloo")
     truth = HostModel(cores=2.0, shared_by="cluster", background=0.5, call_cpu=2e-4, byte_cpu=5e-10,
                       waits_by="gloo")
     raw = _raw_from(truth, 4, profile)
-    small, big = str(wire.CONTROL.nbytes), str(SIZES[-1])
-    moved = 2.0 * wire.bus_factor("allreduce", 4) * SIZES[-1]
-    raw["idle_cpu"] = {small: 0.8e-3, big: 0.8e-3 + 3e-10 * moved}
+    small, full, big = str(wire.CONTROL.nbytes), str(full_size(4)), str(SIZES[-1])
+    def moved(nbytes):
+        return 2.0 * wire.bus_factor("allreduce", 4) * nbytes
+
+    raw["idle_cpu"] = {small: 0.9e-3 + 3e-10 * moved(24), full: 1.8e-3 + 3e-10 * moved(full_size(4)),
+                       big: 1.8e-3 + 3e-10 * moved(SIZES[-1])}
     host, _ = fit_host(raw, profile)
-    assert host.call_cpu == pytest.approx(0.8e-3)
+    # 9 messages and 24: 0.06 ms a message, 0.36 ms a call
+    assert host.message_cpu == pytest.approx(0.06e-3) and host.call_cpu == pytest.approx(0.36e-3)
     assert host.byte_cpu == pytest.approx(3e-10)
-    # an idle call no dearer than the control message's: no CPU per byte
-    raw["idle_cpu"][big] = 0.5e-3
+    # an idle call no dearer than its messages: no CPU per byte; a full call cheaper than the control: none per
+    # message, the control's per call
+    raw["idle_cpu"][big] = 1.5e-3
     assert fit_host(raw, profile)[0].byte_cpu == 0.0
+    raw["idle_cpu"][full] = 0.8e-3
+    host, _ = fit_host(raw, profile)
+    assert host.message_cpu == 0.0 and host.call_cpu == pytest.approx(0.9e-3, rel=1e-3)
 
 
 def test_codec_speeds_put_the_apply_as_step_runs_it_and_give_its_share():

@@ -160,3 +160,6 @@ def test_bench_train_runs_hierarchical_rows_on_hosts_of_two_ranks(capsys):
     # the JSON holds what its forecasts were made from: made again from it, each is the same
     for row in (flat, hier):
         assert reforecast(res, r, row).step_seconds == pytest.approx(row["predicted_step_seconds"], rel=1e-9)
+        # and from the calibration's raw probes, fitted again as the present calibration fits them
+        assert reforecast(res, r, row, refit=True).step_seconds == pytest.approx(row["predicted_step_seconds"],
+                                                                                 rel=1e-9)

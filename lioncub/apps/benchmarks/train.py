@@ -123,23 +123,30 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
                             congestion_control=congestion,
                             baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
                             compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
-                            held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"],
+                            held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"], host_raw=host["raw"],
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
     return dict(model=model, scenario=SCENARIO, results=results, failed=failed)
 
 
-def reforecast(res: dict, result: dict, row: dict, profile=None):
+def reforecast(res: dict, result: dict, row: dict, profile=None, refit: bool = False):
     """The forecast of one row of a `bench train` JSON (`res`; `result`: one of its results) made again from what
     the JSON stores: the calibrated compute, host model, codec speeds (JSON before 2026-11-27 16:00 has none: the
     profile's are used) and interval over `profile` (default: the bundled lab's). The StepResult; with the same
-    simulator and a JSON with codec speeds, its step is the row's predicted_step_seconds."""
+    simulator and a JSON with codec speeds, its step is the row's predicted_step_seconds. `refit`: the host model,
+    codec speeds and interval fitted again from the calibration's raw probes (JSON from 2026-11-28 05:00 on), as
+    the present calibration fits them."""
     from lioncub.apps.calibrate import default_lab_profile
-    from lioncub.apps.train.hostcal import with_host
+    from lioncub.apps.train.hostcal import fitted, with_host
     from lioncub.apps.train.predict import predict_step
     from lioncub.simulator.units import parse_rate
 
-    prof = with_host(profile or default_lab_profile(), result["host"], result.get("codec_bandwidth", {}),
-                     result["forecast_error"])
+    base = profile or default_lab_profile()
+    if refit:
+        if "host_raw" not in result:
+            raise ValueError("this JSON holds no raw host probes to fit again (bench train before 2026-11-28 05:00)")
+        prof = fitted(result["host_raw"], base)[0]
+    else:
+        prof = with_host(base, result["host"], result.get("codec_bandwidth", {}), result["forecast_error"])
     cfg = _cfg(row["method"], row["momentum_sync"], result["steps"], res["model"], row["ddp_hook"],
                row["hierarchical"])
     return predict_step(cfg, row["params"], result["compute_seconds"], ranks=result["ranks"],

@@ -25,20 +25,21 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * `background` (other runnable work on the host): from the CPU time over the wall time of the codec alone
   (min(1, C / (1 + b))); where that is 1, from the codec's slowdown beside every rank's compute against alone,
   share(1) / share(2R) = (2R + b) / C under processor sharing;
-* the control message's all-reduce on idle cores: `call_cpu`, the ranks' CPU time per call (every thread:
-  Python, the process group, Gloo's own), measured among R members: `call_peers` = R - 1 (a collective among
-  m members costs call_cpu (m - 1) / (R - 1), HostModel.call_work; the hierarchical layout's node collectives
-  have G members, its cross ones N/G);
-* the largest all-reduce on idle cores: `byte_cpu` (its CPU time per call beyond the control message's, per byte
-  moved: sent and received / the profile's allreduce efficiency, contention.moved) and `intra_bandwidth`;
+* the control message's all-reduce (3 float64: 3 of Gloo's 2 R segments hold data) and a small all-reduce that
+  fills every segment (`full_size`) on idle cores: `call_cpu` and `message_cpu`, the ranks' CPU time per call
+  (every thread: Python, the process group, Gloo's own) split into a part per call and a part per message of
+  Gloo's program (`gloo_messages`: 9 and 24 messages among 4 ranks, 10.5 and 56 among 8), so that a call of any
+  group and size costs what its messages say (HostModel.call_work: a bucket's all-reduce fills every segment);
+* the largest all-reduce on idle cores: `byte_cpu` (its CPU time per call beyond its call's and its messages', per
+  byte moved: sent and received / the profile's allreduce efficiency, contention.moved) and `intra_bandwidth`;
 * the control message's all-reduce with every rank computing: `wake`, the wait for a core on each wait of its
   critical path (Gloo's, `HostModel.waits`) and for the last member (the contended model solved for it, hosts.py);
 * the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
 
 Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
-largest under compute, the compute step while the codec runs, and the compute's second half against its
-first. Their residuals (measured / predicted - 1) give the profile's `forecast_error`, the interval on every
-step and speedup forecast made with it.
+largest under compute, the compute step while the codec runs, and the compute's second half against its first.
+Their residuals (measured / predicted - 1) give the profile's `forecast_error`, the interval on every step and
+speedup forecast made with it.
 """
 
 from __future__ import annotations
@@ -50,10 +51,14 @@ import statistics
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.simulator import Cluster, simulate_collective
-from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, make_call, moved
-from lioncub.simulator.hosts import HostModel
+from lioncub.simulator.contention import HOP_PROBE, Call, control_of, loaded_collective, make_call, moved
+from lioncub.simulator.hosts import HostModel, gloo_messages
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
+def full_size(ranks: int) -> int:
+    """Bytes of a small all-reduce that fills every one of Gloo's 2 R segments among R ranks (8 float32 each)."""
+    return 64 * ranks
+
 SPEC = dict(compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
 
 
@@ -72,7 +77,7 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
 
     if ranks < 2:
         raise ValueError(f"a host calibration needs at least 2 ranks, got {ranks}")
-    spec = dict(SPEC, elements=int(elements), busy_method=busy_method,
+    spec = dict(SPEC, elements=int(elements), busy_method=busy_method, fit_sizes=[full_size(ranks)],
                 methods=[n for n, m in methods.REGISTRY.items() if not m.dense])
     outs = spawn(probe, ranks, dataclasses.asdict(cfg), spec, timeout=timeout, threads=1, sessions=sessions)
 
@@ -113,8 +118,9 @@ def background_from(slowdown: float, cores_: float, ranks: int, alone_share: flo
 
 
 def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
-    """An all-reduce of `nbytes` among `ranks` ranks of one host, as the step model runs it: its seconds on
-    the host's transport with idle cores, the latencies on its critical path, the bytes a member moves."""
+    """An all-reduce of `nbytes` among `ranks` ranks of one host (the probe's `_buffer`: the control message at its
+    size), as the step model runs it: its seconds on the host's transport with idle cores, the latencies on its
+    critical path, the bytes a member moves."""
     cl = Cluster.for_ranks(ranks, ranks, bandwidth=1e9, latency=0.0)
     if host.intra_bandwidth:
         cl = dataclasses.replace(cl, intra_bandwidth=host.intra_bandwidth)
@@ -123,8 +129,10 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     r = simulate_collective(cl, "allreduce", "auto", nbytes, profile)
     twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
                                "auto", nbytes, profile)
-    return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce",
-                     wire.bus_factor("allreduce", ranks) * nbytes, profile)
+    sent = wire.bus_factor("allreduce", ranks) * nbytes
+    if nbytes == wire.CONTROL.nbytes:
+        return control_of(r.algorithm, r.seconds, twin.seconds, ranks, sent, profile)
+    return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce", sent, profile)
 
 
 def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
@@ -148,17 +156,37 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     small, big = str(wire.CONTROL.nbytes), str(SIZES[-1])
     speeds, apply_share = codec_speeds(raw["alone"], R, n, raw["update_elements"])
     b = background_from(raw["codec_busy"] / raw["alone"][raw["busy_method"]], C, R, raw.get("alone_share", 1.0))
-    call_cpu, big_cpu = raw["idle_cpu"][small], raw["idle_cpu"][big]
-    byte_cpu = max(0.0, big_cpu - call_cpu) / moved(profile, "allreduce", wire.bus_factor("allreduce", R) * SIZES[-1])
-    wire_s = raw["idle"][big] - raw["idle"][small]
-    # a 2 MiB all-reduce hardly slower than 24 bytes' (noise on a loaded machine): no loopback speed to take
+    # the loopback's speed from the 2 MiB all-reduce beyond one of as many messages (or the control message's)
+    wire_s = raw["idle"][big] - raw["idle"].get(str(full_size(R)), raw["idle"][small])
+    # a 2 MiB all-reduce hardly slower than a small one (noise on a loaded machine): no loopback speed to take
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
-    host = HostModel(cores=C, shared_by="cluster", background=b, call_cpu=call_cpu, byte_cpu=byte_cpu,
-                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R), call_peers=float(R - 1),
+    host = HostModel(cores=C, shared_by="cluster", background=b, **call_costs(raw, profile),
+                     intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R),
                      waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")),
                      apply_share=apply_share)
     wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
     return dataclasses.replace(host, wake=wake), speeds
+
+
+def call_costs(raw: dict, profile) -> dict:
+    """A call's CPU time per call, per message of Gloo's program and per byte moved (HostModel's call_cpu,
+    message_cpu, byte_cpu; call_peers None): the 2 MiB all-reduce and the small one that fills every segment
+    (`full_size`) send as many messages, so the bytes are their difference; the control message's all-reduce and
+    the full one differ in their messages. From calibrations without the full probe: the control message's CPU
+    time per call, per peer of its R - 1, and the 2 MiB all-reduce's beyond it per byte."""
+    R, cpu = raw["ranks"], raw["idle_cpu"]
+    sizes = dict(control=wire.CONTROL.nbytes, full=full_size(R), big=SIZES[-1])
+    got = {k: cpu.get(str(v)) for k, v in sizes.items()}
+    moved_ = {k: moved(profile, "allreduce", wire.bus_factor("allreduce", R) * v) for k, v in sizes.items()}
+    if got["full"] is None:
+        return dict(call_cpu=got["control"], message_cpu=None, call_peers=float(R - 1),
+                    byte_cpu=max(0.0, got["big"] - got["control"]) / moved_["big"])
+    byte = max(0.0, got["big"] - got["full"]) / (moved_["big"] - moved_["full"])
+    nc = gloo_messages("allreduce", sizes["control"], R, wire.DTYPE_BYTES[wire.CONTROL.dtype])
+    nf = gloo_messages("allreduce", sizes["full"], R)
+    control, full = (got[k] - byte * moved_[k] for k in ("control", "full"))
+    per = max(0.0, full - control) / (nf - nc)
+    return dict(call_cpu=max(0.0, control - per * nc), message_cpu=per, byte_cpu=byte, call_peers=None)
 
 
 def codec_speeds(alone: dict, ranks: int, n: int, model_elements: int) -> tuple[dict, dict | None]:
@@ -236,7 +264,11 @@ def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None, s
     profile = profile or default_lab_profile()
     if elements is None:
         elements = max(1, int(wire.auto_bucket_mb(4 * count_params(build(cfg)[0])) * 2**20) // 4)
-    raw = measure_host(cfg, ranks, elements, sessions=sessions)
+    return fitted(measure_host(cfg, ranks, elements, sessions=sessions), profile)
+
+
+def fitted(raw: dict, profile):
+    """calibrate_host's (profile, report) from measure_host's figures `raw` over the network's `profile`."""
     host, speeds = fit_host(raw, profile)
     residuals = held_out(raw, profile, host)
     band = error_band(residuals)
@@ -245,5 +277,5 @@ def calibrate_host(cfg, ranks: int, profile=None, elements: int | None = None, s
                      held_out=residuals, forecast_error=band, raw=raw)
 
 
-__all__ = ["background_from", "calibrate_host", "error_band", "fit_host", "held_out", "measure_host", "probe_call",
-           "with_host"]
+__all__ = ["background_from", "calibrate_host", "call_costs", "error_band", "fit_host", "fitted", "full_size",
+           "held_out", "measure_host", "probe_call", "with_host"]

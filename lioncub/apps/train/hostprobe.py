@@ -7,8 +7,9 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
 2. alone: rank 0 runs one bucket's codec for each method (and its parts: encode and vote; the apply with the
    momentum update on the whole model), and the Lion update on the whole model, while the others wait (each
    kernel's speed on one device of the host, and the CPU time it got over the wall time: its share);
-3. collectives on idle cores: all-reduces of the control message's size and of `sizes` bytes (loopback), their
-   time and the CPU time they take (every thread of the rank: Python, the process group, Gloo's own threads);
+3. collectives on idle cores: all-reduces of the control message itself, of `fit_sizes` and of `sizes` bytes
+   (loopback), their time and the CPU time they take (every thread of the rank: Python, the process group, Gloo's
+   own threads);
 4. under compute: a second thread on every rank runs forward + backward in a loop (as the main thread of a
    training rank does while its communication thread works); the main thread runs the codec for a while
    (the compute steps inside that window are timed too), then the same all-reduces.
@@ -55,21 +56,31 @@ def _process_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _buffer(size: int):
+    """The tensor of a probe of `size` bytes: LionCub's control message itself at its size (wire.CONTROL, whose
+    element size decides which of Gloo's segments it fills), float32 elements otherwise."""
+    import torch
+
+    c = wire.CONTROL
+    if int(size) == c.nbytes:
+        return torch.zeros(c.nbytes // wire.DTYPE_BYTES[c.dtype], dtype=getattr(torch, c.dtype))
+    return torch.zeros(max(1, int(size) // 4))
+
+
 def _collectives(sizes, calls: int, rounds: int = 3, cpu: dict | None = None) -> dict:
-    """Seconds per all-reduce of each size (bytes): the mean over a loop of calls (after one warm-up call), the
-    least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
+    """Seconds per all-reduce of each size (bytes, `_buffer`): the mean over a loop of calls (after one warm-up
+    call), the least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
     on a shared machine hits one pass of a probe, not all of them). `cpu`: filled with the process's CPU seconds
     per call of each size, the median over the passes (meaningful only while nothing else runs in the process).
     Linux accounts CPU time by sampling at each timer tick (4 ms at HZ=250) unless it is built for precise
     accounting, so a loop that takes a few ticks of CPU reads it to within a tick: with `cpu` the loops are
     CPU_CALLS times longer (about a quarter of a second)."""
-    import torch
     import torch.distributed as dist
 
     out, used = {}, {}
     for k in range(rounds):
         for size in (sizes if k % 2 == 0 else list(reversed(sizes))):
-            t = torch.zeros(max(1, int(size) // 4))
+            t = _buffer(size)
             dist.all_reduce(t)
             n = calls if size < 2**20 else max(3, calls // 6)
             n = n if cpu is None else max(n * CPU_CALLS, calls * 2)
@@ -163,7 +174,8 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     compute = _timed(step, spec["compute_steps"])
     alone = _alone(spec, rank, world, sum(p.numel() for p in model.parameters()))
     idle_cpu: dict = {}
-    idle = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"], cpu=idle_cpu)
+    idle = _collectives([wire.CONTROL.nbytes] + list(spec.get("fit_sizes", [])) + list(spec["sizes"]), spec["calls"],
+                        cpu=idle_cpu)
     dist.barrier()
     busy = _under_compute(step, spec, rank, world, statistics.median(compute))
     dist.barrier()
