@@ -27,8 +27,8 @@ a training run):
   per byte it sends or receives (copies and the TCP stack, loopback or NIC). Gloo's ring all-reduce cuts its
   buffer into at least 2 m segments and skips every send and receive of an empty one, so LionCub's 3-element
   control message costs a member 9 messages among 4 ranks where a bucket costs 24 (measured on loopback: 0.9
-  and 1.8 ms of CPU; 1.0 and 3.7 ms among 8 ranks with 10.5 and 56 messages: 0.07 ms a message and 0.1-0.25 ms
-  a call at both sizes). `message_cpu` None (profiles calibrated before it was measured): `call_cpu` per peer
+  and 1.8 ms of CPU; 1.0 and 3.7 ms among 8 ranks with 10.5 and 56 messages: 0.06 ms a message and 0.35-0.39
+  ms a call among 4 and 8 alike). `message_cpu` None (profiles calibrated before it was measured): `call_cpu` per peer
   of the probe's (`call_peers`: the probe's members - 1), `call_cpu * (m - 1) / call_peers` for m members; and
   without `call_peers`, `call_cpu` per call whatever its group (`call_work`).
 * `intra_bandwidth`, `intra_latency`: the transport between ranks of one host as the platform has it
