@@ -42,8 +42,8 @@ def _raw_from(host: HostModel, ranks: int, profile) -> dict:
     # on idle cores a call's CPU work runs at the ranks' share; its CPU time is that work
     idle_cpu = {str(small): cpu(small, 8), str(full): cpu(full), str(big): cpu(big)}
     idle = {k: v / share for k, v in idle_cpu.items()}
-    busy_call = probe_call(profile, ranks, small, host)
-    busy = {str(small): loaded_collective(host, ranks, busy_call, computing=True)}
+    busy = {str(n): loaded_collective(host, ranks, probe_call(profile, ranks, n, host), computing=True)
+            for n in (small, full)}
     slowdown = host.share(1) / host.share(2 * ranks)
     return dict(ranks=ranks, cores=host.cores, elements=1000, busy_method="vote-1bit", update_elements=4000,
                 alone_share=host.share(1),
@@ -68,6 +68,14 @@ def test_fit_recovers_the_host_that_generated_its_probes():
     assert host.message_cpu == pytest.approx(6e-5, rel=1e-6)
     assert host.byte_cpu == pytest.approx(5e-10, rel=1e-6)
     assert host.wake == pytest.approx(1.5e-3, rel=1e-4)
+    # from the control message under compute alone (calibrations without the full probe there), the same wake
+    control_only = dict(raw, busy={k: v for k, v in raw["busy"].items() if k == str(wire.CONTROL.nbytes)})
+    assert fit_host(control_only, profile)[0].wake == pytest.approx(1.5e-3, rel=1e-4)
+    # where the two disagree (the full call slower than this wake says), the wake lies between their own
+    full = str(full_size(4))
+    slow = dict(raw, busy=dict(raw["busy"], **{full: 2 * raw["busy"][full]}))
+    full_only = dict(raw, busy={full: 2 * raw["busy"][full]})
+    assert 1.5e-3 < fit_host(slow, profile)[0].wake < fit_host(full_only, profile)[0].wake
     assert host.waits_by == "gloo"  # the probes ran on Gloo: its programs' waits
     assert not host.groups  # ranks in one session (the raw figures say nothing else)
     raw.update(sessions=True, autogroup=True)

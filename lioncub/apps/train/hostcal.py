@@ -32,8 +32,9 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
   group and size costs what its messages say (HostModel.call_work: a bucket's all-reduce fills every segment);
 * the largest all-reduce on idle cores: `byte_cpu` (its CPU time per call beyond its call's and its messages', per
   byte moved: sent and received / the profile's allreduce efficiency, contention.moved) and `intra_bandwidth`;
-* the control message's all-reduce with every rank computing: `wake`, the wait for a core on each wait of its
-  critical path (Gloo's, `HostModel.waits`) and for the last member (the contended model solved for it, hosts.py);
+* the control message's all-reduce and the one of every segment with every rank computing: `wake`, the wait for a
+  core on each wait of their critical paths (Gloo's, `HostModel.waits`) and for the last member (the contended
+  model solved for their total time, hosts.py);
 * the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
 
 Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
@@ -135,11 +136,11 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce", sent, profile)
 
 
-def _solve_wake(host: HostModel, ranks: int, call: Call, measured: float) -> float:
-    """The `wake` for which the contended model gives the measured time of `call` under compute (bisection;
-    0 when processor sharing of its CPU work alone already explains it)."""
+def _solve_wake(host: HostModel, ranks: int, calls: list, measured: float) -> float:
+    """The `wake` for which the contended model gives the measured total time of `calls` under compute (bisection;
+    0 when processor sharing of their CPU work alone already explains it)."""
     def at(w):
-        return loaded_collective(dataclasses.replace(host, wake=w), ranks, call, computing=True)
+        return sum(loaded_collective(dataclasses.replace(host, wake=w), ranks, c, computing=True) for c in calls)
 
     lo, hi = 0.0, max(measured, 1e-6)
     if at(lo) >= measured:
@@ -164,7 +165,10 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
                      intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R),
                      waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")),
                      apply_share=apply_share)
-    wake = _solve_wake(host, R, probe_call(profile, R, wire.CONTROL.nbytes, host), raw["busy"][small])
+    # under compute a call's time is mostly its waits for the cores, the noisiest of the probes: the control message
+    # and the call of every segment (2.25 and 6 waits in a row among 4 ranks) together, where both were measured
+    fit = [n for n in (wire.CONTROL.nbytes, full_size(R)) if str(n) in raw["busy"]]
+    wake = _solve_wake(host, R, [probe_call(profile, R, n, host) for n in fit], sum(raw["busy"][str(n)] for n in fit))
     return dataclasses.replace(host, wake=wake), speeds
 
 

@@ -151,7 +151,8 @@ def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
             work()
             count += 1
         w1 = time.perf_counter()
-        colls = _collectives([wire.CONTROL.nbytes] + list(spec["sizes"]), spec["calls"])
+        colls = _collectives([wire.CONTROL.nbytes] + list(spec.get("fit_sizes", [])) + list(spec["sizes"]),
+                             spec["calls"])
     finally:
         stop.set()
         worker.join()
