@@ -67,6 +67,11 @@ def _buffer(size: int):
     return torch.zeros(max(1, int(size) // 4))
 
 
+def _sizes(spec: dict) -> list:
+    """The all-reduces probed, idle and under compute: the control message, `fit_sizes` and `sizes` (bytes)."""
+    return [wire.CONTROL.nbytes] + list(spec.get("fit_sizes", [])) + list(spec["sizes"])
+
+
 def _collectives(sizes, calls: int, rounds: int = 3, cpu: dict | None = None) -> dict:
     """Seconds per all-reduce of each size (bytes, `_buffer`): the mean over a loop of calls (after one warm-up
     call), the least over `rounds` passes over the sizes, every other pass in reverse order (a load spike from elsewhere
@@ -151,8 +156,7 @@ def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
             work()
             count += 1
         w1 = time.perf_counter()
-        colls = _collectives([wire.CONTROL.nbytes] + list(spec.get("fit_sizes", [])) + list(spec["sizes"]),
-                             spec["calls"])
+        colls = _collectives(_sizes(spec), spec["calls"])
     finally:
         stop.set()
         worker.join()
@@ -175,8 +179,7 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     compute = _timed(step, spec["compute_steps"])
     alone = _alone(spec, rank, world, sum(p.numel() for p in model.parameters()))
     idle_cpu: dict = {}
-    idle = _collectives([wire.CONTROL.nbytes] + list(spec.get("fit_sizes", [])) + list(spec["sizes"]), spec["calls"],
-                        cpu=idle_cpu)
+    idle = _collectives(_sizes(spec), spec["calls"], cpu=idle_cpu)
     dist.barrier()
     busy = _under_compute(step, spec, rank, world, statistics.median(compute))
     dist.barrier()
