@@ -9,6 +9,12 @@ all of them on the host's `Cores`):
   codec (encode, on the host's devices) and the bucket's collectives one after another; then the step's
   control message. Without overlap the main thread does the same after backward (control message first).
 
+The ranks' compute drifts apart within a step as it does between steps (`HostModel.drift`: time slicing gives
+each rank its turns unevenly). A bucket's exchange starts once the latest of its members has made it ready, so
+the thread waits for the representative rank's readiness plus that lag (`StepSim.lag`, for the step's time so
+far); and until the latest rank has finished backward the host's cores are as busy as during it: a woken thread
+of the representative rank waits for its turn although its own backward is over (`Cores.behind_until`).
+
 A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
 model), cut at each wait of its critical path (`HostModel.waits`: where a member's thread blocks until a
 message arrives) and at the wait for the last of its members (`harmonic`), each followed by a wake-up wait
@@ -86,16 +92,20 @@ def calls_of(result, probed, what: str, size: float, N: int, G: int, profile) ->
 class StepSim:
     """One step of the representative rank (see the module). `plan[j]`: bucket j's (elements, codec work,
     [Call]); `control`: the step's control Call or None; `sync`: the momentum-sync Calls (after the
-    update) or []."""
+    update) or []; `members`: the ranks whose progress the exchange waits for; `compute`: the step's forward and
+    backward seconds as measured (the drift's unit)."""
 
-    def __init__(self, host: HostModel, weight: int, work: dict, plan: list, control, sync: list, overlap: bool):
+    def __init__(self, host: HostModel, weight: int, work: dict, plan: list, control, sync: list, overlap: bool,
+                 members: int = 1, compute: float = 0.0):
         self.env = simpy.Environment()
+        self.members, self.compute = members, compute
         self.host, self.work, self.plan = host, work, plan
         self.control, self.sync, self.overlap = control, sync, overlap
         self.cores = Cores(self.env, host, weight)
         self.ready = [self.env.event() for _ in plan]
         self.comm_done = self.env.event()
         self.marks: dict[str, float] = {}
+        self.ready_at: list[float] = []
         self.codec_wall = self.comm_wall = 0.0
         self.tally: list[dict] = []
 
@@ -115,8 +125,10 @@ class StepSim:
         total = sum(e for e, _, _ in self.plan) or 1
         for j, (e, _, _) in enumerate(self.plan):
             yield self.cores.run(work["bwd"] * e / total)
+            self.ready_at.append(env.now)
             self.ready[j].succeed()
         self.marks["backward"] = env.now
+        self.cores.behind_until = env.now + self.lag(env.now)
         if self.overlap:
             yield self.comm_done
         else:
@@ -136,10 +148,13 @@ class StepSim:
     def exchanges(self):
         """Each bucket's codec and collectives once it is ready, and the control message (first without
         overlap, as step() sends it; last with overlap, at the end of backward)."""
-        if self.control is not None and not self.overlap:
-            yield from self.collective(self.control)
+        if not self.overlap:  # step() runs after backward: its first call waits for the latest rank to get there
+            yield from self.latest(self.env.now)
+            if self.control is not None:
+                yield from self.collective(self.control)
         for j, (_, codec, calls) in enumerate(self.plan):
             yield self.ready[j]
+            yield from self.latest(self.ready_at[j])
             t0 = self.env.now
             yield self.cores.run(codec)
             self.codec_wall += self.env.now - t0
@@ -147,6 +162,20 @@ class StepSim:
                 yield from self.collective(c)
         if self.control is not None and self.overlap:
             yield from self.collective(self.control)
+
+    def lag(self, at: float) -> float:
+        """How far behind the representative rank's progress at `at` (seconds into the step) the latest of the
+        exchange's members is: their compute drifts apart within a step as between steps (HostModel.drift over
+        the `at / compute` of a step they have computed)."""
+        if self.compute <= 0 or self.members <= 1:
+            return 0.0
+        return self.host.drift(at / self.compute, self.compute, self.members)
+
+    def latest(self, at: float):
+        """Wait until the latest member has got as far as the representative rank had at `at`."""
+        late = at + self.lag(at) - self.env.now
+        if late > 0:
+            yield self.env.timeout(late)
 
     def collective(self, c: Call):
         env = self.env

@@ -52,8 +52,10 @@ a training run):
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
   `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
-  `drift(k, step, m)`, with `expected_max(m)` the mean of the largest of m standard normals. Steps that each
-  end in a collective do not drift: their skew is `wake`'s.
+  `drift(k, step, m)`, with `expected_max(m)` the mean of the largest of m standard normals. Within a step
+  they drift the same way over the part of it they have computed (k < 1): a bucket's exchange waits for its
+  latest member to have made it ready, and until the latest has finished backward the cores stay busy
+  (contention.StepSim).
 
 `Cores` is the processor-sharing server: n runnable jobs (each counted `weight` times: the host's ranks
 are symmetric, so one representative rank is simulated for all) and `background` jobs share `capacity`,
@@ -277,6 +279,7 @@ class Cores:
         self.gen = 0
         self.ids = 0
         self.busy = 0.0  # device-seconds done by the simulated rank's jobs (for utilisation)
+        self.behind_until = 0.0  # until then the host's latest rank still computes (StepSim.lag)
 
     def rate(self) -> float:
         return self.host.share(len(self.jobs) * self.weight)
@@ -290,9 +293,10 @@ class Cores:
     def turn_wait(self, own: int = 0) -> float:
         """The share of `wake` a thread of the simulated rank waits when it wakes now (HostModel `groups`);
         `own`: its own jobs among the running ones."""
+        behind = 1 if self.env.now < self.behind_until else 0  # a rank still computing, as the representative did
         if not self.host.groups:
-            return self.saturation(own)
-        if len(self.jobs) - own <= 0:
+            return self.saturation(own - behind)
+        if len(self.jobs) - own + behind <= 0:
             return 0.0
         return min(1.0, max(0.0, self.weight + self.host.background - self.host.cores + 1.0))
 

@@ -385,7 +385,8 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
             sync += contention.calls_of(r, probed.momentum_sync(e), MOMENTUM_SYNC, 4 * e, N, G, ex.profile) * k
             sent, nic = sent + k * r.bytes_sent_per_rank / K, nic + k * r.nic_bytes_per_node / K
             _tally(colls, MOMENTUM_SYNC, r.algorithm, 4 * e, r.seconds, per_step=1 / K, count=k)
-    sim = contention.StepSim(host, weight, work, plan, control, sync, overlap and N > 1)
+    sim = contention.StepSim(host, weight, work, plan, control, sync, overlap and N > 1, members=N,
+                              compute=times["fwd"] + times["bwd"])
     out = sim.run()
     msync = out["msync"] / K if K else 0.0
     step = out["step"] + msync

@@ -414,3 +414,52 @@ def test_apply_share_round_trips_and_rejects_a_share_outside_0_1():
     assert HostModel.from_dict(json.loads(json.dumps(host.to_dict()))) == host
     with pytest.raises(ValueError, match="apply_share"):
         HostModel(apply_share={"vote-1bit": 1.5})
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_an_exchange_waits_for_the_latest_ranks_readiness_within_the_step(overlap):
+    import math
+
+    from lioncub.simulator.contention import StepSim
+    from lioncub.simulator.hosts import expected_max
+
+    # a core per job, no wake-ups: only the drift. Forward 40 ms, backward 60 ms in two equal buckets (ready at
+    # 70 and 100 ms), each exchanged by one 5 ms call; 4 ranks drifting by 20% of a step over a whole step
+    # (sqrt of the part of it computed): the latest makes bucket 0 ready 0.2 sqrt(0.1 x 0.07) E4 after 70 ms
+    host = HostModel(cores=1000.0, shared_by="cluster", step_cv=0.2)
+    call = Call("x", "ring", 8, 5e-3, hops=1, members=4, bytes=0)
+    plan = [(10, 0.0, [call]), (10, 0.0, [call])]
+    work = dict(fwd=0.04, bwd=0.06, optimizer=0.0)
+    lag = [0.2 * math.sqrt(0.1 * t) * expected_max(4) for t in (0.07, 0.1)]
+    out = StepSim(host, 4, work, plan, None, [], overlap, members=4, compute=0.1).run()
+    if overlap:  # bucket 0 is exchanged well before bucket 1's latest readiness
+        assert 0.07 + lag[0] + 5e-3 < 0.1 + lag[1]
+    assert out["step"] == pytest.approx(0.1 + lag[1] + (5e-3 if overlap else 10e-3), rel=1e-9)
+    alone = StepSim(host, 4, work, plan, None, [], overlap, members=1, compute=0.1).run()
+    assert alone["step"] == pytest.approx(0.1 + (5e-3 if overlap else 10e-3), rel=1e-9)
+    still = StepSim(dataclasses.replace(host, step_cv=0.0), 4, work, plan, None, [], overlap, members=4,
+                    compute=0.1).run()
+    assert still["step"] == pytest.approx(alone["step"], rel=1e-12)
+
+
+@pytest.mark.parametrize("groups", [True, False])
+def test_the_cores_stay_busy_until_the_latest_rank_has_finished_backward(groups):
+    from lioncub.simulator.contention import run_call
+
+    # the representative rank's own backward is over and nothing of it runs; a rank behind it still computes
+    # until 15 ms: the call's waits before then cost a wake, as in the test above (24 ms); none after it (4 ms)
+    host = HostModel(cores=2, shared_by="cluster", wake=10e-3, waits_by="gloo", groups=groups)
+    call = Call("x", "ring", 24, 4e-3, hops=1, members=2, bytes=0, op="allreduce", buffer=2**20)
+
+    def one(behind):
+        env = simpy.Environment()
+        cores = Cores(env, host, 2)
+        cores.behind_until = behind
+
+        def run():
+            yield from run_call(env, cores, host, call)
+            return env.now
+        return env.run(until=env.process(run()))
+
+    assert one(15e-3) == pytest.approx(24e-3)
+    assert one(0.0) == pytest.approx(4e-3)
