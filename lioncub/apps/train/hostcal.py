@@ -52,8 +52,10 @@ import statistics
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.simulator import Cluster, simulate_collective
-from lioncub.simulator.contention import HOP_PROBE, Call, control_of, loaded_collective, make_call, moved
+from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, make_call, moved
 from lioncub.simulator.hosts import HostModel, gloo_messages
+
+from .hostprobe import element_of
 
 SIZES = (64 * 1024, 2 * 2**20)  # the mid (held out) and the largest all-reduce, bytes
 def full_size(ranks: int) -> int:
@@ -119,9 +121,9 @@ def background_from(slowdown: float, cores_: float, ranks: int, alone_share: flo
 
 
 def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
-    """An all-reduce of `nbytes` among `ranks` ranks of one host (the probe's `_buffer`: the control message at its
-    size), as the step model runs it: its seconds on the host's transport with idle cores, the latencies on its
-    critical path, the bytes a member moves."""
+    """An all-reduce of `nbytes` among `ranks` ranks of one host (of the probe's elements: `element_of`), as the
+    step model runs it: its seconds on the host's transport with idle cores, the latencies on its critical path,
+    the bytes a member moves."""
     cl = Cluster.for_ranks(ranks, ranks, bandwidth=1e9, latency=0.0)
     if host.intra_bandwidth:
         cl = dataclasses.replace(cl, intra_bandwidth=host.intra_bandwidth)
@@ -130,10 +132,8 @@ def probe_call(profile, ranks: int, nbytes: int, host: HostModel) -> Call:
     r = simulate_collective(cl, "allreduce", "auto", nbytes, profile)
     twin = simulate_collective(dataclasses.replace(cl, intra_latency=cl.intra_latency + HOP_PROBE), "allreduce",
                                "auto", nbytes, profile)
-    sent = wire.bus_factor("allreduce", ranks) * nbytes
-    if nbytes == wire.CONTROL.nbytes:
-        return control_of(r.algorithm, r.seconds, twin.seconds, ranks, sent, profile)
-    return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce", sent, profile)
+    return make_call("probe", r.algorithm, nbytes, r.seconds, twin.seconds, ranks, "allreduce",
+                     wire.bus_factor("allreduce", ranks) * nbytes, profile, element_of(nbytes))
 
 
 def _solve_wake(host: HostModel, ranks: int, calls: list, measured: float) -> float:
@@ -188,8 +188,7 @@ def call_costs(raw: dict, profile) -> dict:
         return dict(call_cpu=got["control"], message_cpu=None, call_peers=float(R - 1),
                     byte_cpu=max(0.0, got["big"] - got["control"]) / moved_["big"])
     byte = max(0.0, got["big"] - got["full"]) / (moved_["big"] - moved_["full"])
-    nc = gloo_messages("allreduce", sizes["control"], R, wire.DTYPE_BYTES[wire.CONTROL.dtype])
-    nf = gloo_messages("allreduce", sizes["full"], R)
+    nc, nf = (gloo_messages("allreduce", sizes[k], R, element_of(sizes[k])) for k in ("control", "full"))
     control, full = (got[k] - byte * moved_[k] for k in ("control", "full"))
     if full <= control:  # noise says messages are free (2 ranks: 6 and 8 messages): one cost per message of both
         return dict(call_cpu=0.0, message_cpu=max(0.0, control + full) / (nc + nf), byte_cpu=byte, call_peers=None)

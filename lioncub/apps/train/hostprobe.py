@@ -56,15 +56,22 @@ def _process_cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def probe_dtype(size: int) -> str:
+    """The dtype of the probe of `size` bytes: a probe of the control message's size is LionCub's control message
+    itself (wire.CONTROL, whose element size decides which of Gloo's segments it fills), float32 otherwise."""
+    return wire.CONTROL.dtype if int(size) == wire.CONTROL.nbytes else "float32"
+
+
+def element_of(size: int) -> int:
+    """Bytes per element of the probe of `size` bytes (`probe_dtype`)."""
+    return wire.DTYPE_BYTES[probe_dtype(size)]
+
+
 def _buffer(size: int):
-    """The tensor of a probe of `size` bytes: LionCub's control message itself at its size (wire.CONTROL, whose
-    element size decides which of Gloo's segments it fills), float32 elements otherwise."""
+    """The tensor of a probe of `size` bytes (`probe_dtype`)."""
     import torch
 
-    c = wire.CONTROL
-    if int(size) == c.nbytes:
-        return torch.zeros(c.nbytes // wire.DTYPE_BYTES[c.dtype], dtype=getattr(torch, c.dtype))
-    return torch.zeros(max(1, int(size) // 4))
+    return torch.zeros(max(1, int(size) // element_of(size)), dtype=getattr(torch, probe_dtype(size)))
 
 
 def _sizes(spec: dict) -> list:
