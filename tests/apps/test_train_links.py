@@ -145,6 +145,7 @@ def test_bench_train_runs_hierarchical_rows_on_hosts_of_two_ranks(capsys):
                  "--model", "char-tiny", "--configs", f"vote-1bit,vote-1bit{HIER}", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert not res["failed"], res["failed"]
+    assert res["model"] == res["scenario"]["model"] == "char-tiny"  # what ran, not the demo's char-small
     r = res["results"][0]
     assert r["ranks_per_host"] == 2 and r["baseline"] == "vote-1bit@none"
     assert r["congestion_control"] == "cubic"  # the lab's hosts' (netns.CONGESTION), recorded with the figures

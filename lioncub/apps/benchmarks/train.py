@@ -58,6 +58,11 @@ def _label(method, sync, hier) -> str:
     return f"{method}@{sync}{HIER if hier else ''}"
 
 
+def scenario(model: str) -> dict:
+    """The demo's scenario (batch, block, lr) with the `model` a bench runs: what its JSON records."""
+    return {**SCENARIO, "model": model}
+
+
 def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
     """The configuration of a row. A hierarchical row leaves node_size to the lab's LOCAL_WORLD_SIZE (its ranks
     per host)."""
@@ -65,7 +70,7 @@ def _cfg(method, sync, steps, model, ddp_hook=False, hierarchical=False):
 
     name, local_steps, outer = split_local(method)
     _, fragments, outer_delay = split_stream(method)
-    return TrainConfig(**{**SCENARIO, "model": model}, method=name, momentum_sync=sync, steps=steps,
+    return TrainConfig(**scenario(model), method=name, momentum_sync=sync, steps=steps,
                        ddp_hook=ddp_hook, hierarchical=hierarchical, local_steps=local_steps, outer=outer,
                        fragments=fragments, outer_delay=outer_delay)
 
@@ -125,7 +130,7 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
                             compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
                             held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"], host_raw=host["raw"],
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
-    return dict(model=model, scenario=SCENARIO, results=results, failed=failed)
+    return dict(model=model, scenario=scenario(model), results=results, failed=failed)
 
 
 def reforecast(res: dict, result: dict, row: dict, profile=None, refit: bool = False):
@@ -282,7 +287,7 @@ def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot
                 runs[0])  # LionCub's allreduce, else the first row
     for r in runs:
         r["vs_baseline"] = r["final_loss"] / base["final_loss"] - 1
-    res = dict(model=model, ranks=ranks, steps=steps, scenario=SCENARIO, runs=runs)
+    res = dict(model=model, ranks=ranks, steps=steps, scenario=scenario(model), runs=runs)
     if plot:
         _plot(res, plot)
     return res
