@@ -9,8 +9,9 @@ all of them on the host's `Cores`):
   codec (encode, on the host's devices) and the bucket's collectives one after another; then the step's
   control message. Without overlap the main thread does the same after backward (control message first).
 
-The ranks' compute drifts apart within a step as it does between steps (`HostModel.drift`: time slicing gives
-each rank its turns unevenly). A bucket's exchange starts once the latest of its members has made it ready, so
+The ranks start a step apart (`HostModel.start_skew`: each left the previous step after wake-ups of its own), and
+their compute drifts apart within a step as it does between steps (`HostModel.drift`: time slicing gives each rank
+its turns unevenly). A bucket's exchange starts once the latest of its members has made it ready, so
 the thread waits for the representative rank's readiness plus that lag (`StepSim.lag`, for the step's time so
 far); and until the latest rank has finished backward the host's cores are as busy as during it: a woken thread
 of the representative rank waits for its turn although its own backward is over (`Cores.behind_until`).
@@ -165,11 +166,11 @@ class StepSim:
 
     def lag(self, at: float) -> float:
         """How far behind the representative rank's progress at `at` (seconds into the step) the latest of the
-        exchange's members is: their compute drifts apart within a step as between steps (HostModel.drift over
-        the `at / compute` of a step they have computed)."""
-        if self.compute <= 0 or self.members <= 1:
+        exchange's members is: they started the step apart (`start_skew`), and their compute drifts apart within a
+        step as between steps (HostModel.drift over the `at / compute` of a step they have computed)."""
+        if self.members <= 1:
             return 0.0
-        return self.host.drift(at / self.compute, self.compute, self.members)
+        return self.host.drift(at / self.compute if self.compute > 0 else 0.0, self.compute, self.members)
 
     def latest(self, at: float):
         """Wait until the latest member has got as far as the representative rank had at `at`."""

@@ -56,6 +56,10 @@ a training run):
   they drift the same way over the part of it they have computed (k < 1): a bucket's exchange waits for its
   latest member to have made it ready, and until the latest has finished backward the cores stay busy
   (contention.StepSim).
+* `start_skew`: the standard deviation of the ranks' start of step about their mean: each leaves the step's last
+  collective and the update after wake-ups of its own (`wake`), so they start the next step apart before their
+  compute drifts them further. Measured directly (hostcal: each rank's exit from an all-reduce between compute
+  steps, on the machine's one clock); `drift` adds it to the drift's variance.
 
 `Cores` is the processor-sharing server: n runnable jobs (each counted `weight` times: the host's ranks
 are symmetric, so one representative rank is simulated for all) and `background` jobs share `capacity`,
@@ -89,6 +93,7 @@ class HostModel:
     intra_bandwidth: float | None = None
     intra_latency: float | None = None
     step_cv: float = 0.0
+    start_skew: float = 0.0
     call_peers: float | None = None
     message_cpu: float | None = None
     waits_by: str = "latencies"
@@ -106,7 +111,7 @@ class HostModel:
                                  f"got {v!r}")
 
         number("cores", positive=True)
-        for name in ("background", "wake", "call_cpu", "byte_cpu", "step_cv"):
+        for name in ("background", "wake", "call_cpu", "byte_cpu", "step_cv", "start_skew"):
             number(name)
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
@@ -209,8 +214,10 @@ class HostModel:
 
     def drift(self, k: float, step: float, m: int) -> float:
         """How long a collective after k steps without one waits for the latest of its m members, beyond the
-        representative rank's own arrival: step_cv * step * sqrt(k) * expected_max(m) (independent steps)."""
-        return self.step_cv * step * math.sqrt(max(0.0, k)) * expected_max(m)
+        representative rank's own arrival: expected_max(m) * sqrt(start_skew^2 + (step_cv * step)^2 * k): the skew
+        they started with and k independent steps since."""
+        spread = math.sqrt(self.start_skew ** 2 + (self.step_cv * step) ** 2 * max(0.0, k))
+        return spread * expected_max(m)
 
 
 def gloo_segments(buffer: float, members: int, element: int = 4) -> tuple[int, int]:

@@ -109,8 +109,8 @@ class BackendProfile:
         A profile with a `host` models this (and more) as contention instead: the field is then unused.
     host: the ranks' own devices and what sharing them costs (simulator/hosts.py `HostModel`, as a dict:
         cores, shared_by, background, wake, call_cpu, message_cpu, call_peers, byte_cpu, intra_bandwidth, intra_latency,
-        step_cv, waits_by, groups), measured by lioncub.apps.train.hostcal (`lioncub demo` and `bench train` run
-        it). With it `simulate_step` runs the step as processes on shared devices (contention.py),
+        step_cv, start_skew, waits_by, groups, apply_share), measured by lioncub.apps.train.hostcal (`lioncub demo`
+        and `bench train` run it). With it `simulate_step` runs the step as processes on shared devices (contention.py),
         `codec_bandwidth` is each kernel's speed on one device alone, and the host's transport replaces the
         cluster's intra-node link.
         None: devices not shared (the analytic step model).

@@ -85,6 +85,36 @@ def test_fit_recovers_the_host_that_generated_its_probes():
     assert speeds["update"] == pytest.approx(20 * 4000 / 1e-4)
 
 
+def test_the_ranks_start_skew_is_the_spread_of_when_they_left_each_all_reduce():
+    """start_skew: the root mean square over steps of the ranks' sample sd of their exits; paced_lateness: the
+    latest rank's end of compute after the ranks' mean, each rank starting where it left the previous all-reduce;
+    the fit carries the skew and holds the lateness out against HostModel.drift of one step."""
+    import math
+    import statistics
+
+    from lioncub.apps.train.hostcal import held_out, paced_lateness, start_skew
+
+    offsets = [[0.0, 0.002, 0.004, 0.010], [0.001, 0.001, 0.001, 0.001], [0.003, 0.0, 0.006, 0.003]]  # per step
+    paced = [dict(exits=[1.0 + k + offsets[k][r] for k in range(3)], compute=[0.1, 0.1 + 0.01 * r, 0.1])
+             for r in range(4)]
+    want = math.sqrt(statistics.fmean(statistics.variance(o) for o in offsets))
+    assert start_skew(paced) == pytest.approx(want, rel=1e-9)
+    ends = [[1.0 + offsets[0][r] + 0.1 + 0.01 * r for r in range(4)], [2.0 + offsets[1][r] + 0.1 for r in range(4)]]
+    assert paced_lateness(paced) == pytest.approx(statistics.fmean(max(e) - statistics.fmean(e) for e in ends))
+    assert start_skew([paced[0]]) == 0.0 and paced_lateness([paced[0]]) is None  # one rank: no spread
+
+    profile = get_profile("gloo")
+    raw = dict(_raw_from(HostModel(cores=2.0, shared_by="cluster", waits_by="gloo", wake=1e-3), 4, profile),
+               paced=paced)
+    host, _ = fit_host(raw, profile)
+    assert host.start_skew == pytest.approx(want, rel=1e-9)
+    for probes, size in (("idle", SIZES[0]), ("busy", SIZES[0]), ("busy", SIZES[-1])):  # the other held-out probes
+        raw[probes][str(size)] = 0.01
+    late = held_out(raw, profile, host)["latest rank's end of compute, paced"]
+    assert late == pytest.approx(paced_lateness(paced) / host.drift(1.0, 0.1, 4) - 1, rel=1e-9)
+    assert fit_host(dict(raw, paced=None), profile)[0].start_skew == 0.0  # calibrations from before the probe
+
+
 def test_error_band_always_holds_zero():
     assert error_band({"a": 0.1, "b": 0.2}) == [0.0, 0.2]
     assert error_band({"a": -0.3, "b": 0.05}) == [-0.3, 0.05]
@@ -145,6 +175,31 @@ def test_step_variation_is_each_ranks_own():
     cvs = sorted(statistics.stdev(r) / statistics.fmean(r) for r in ranks)
     assert step_cv([t for r in ranks for t in r], 4) == pytest.approx((cvs[1] + cvs[2]) / 2)
     assert step_cv([0.1] * 4, 4) == 0.0  # one step per rank: nothing to measure
+
+
+def test_compute_is_timed_long_enough_for_a_small_models_steps():
+    """compute_count: at least compute_steps, and enough steps to fill compute_seconds, at most MAX_COMPUTE_STEPS:
+    a 25 ms step is a few scheduler slices long, 8 of them a fifth of a second."""
+    from lioncub.apps.train.hostcal import SPEC
+    from lioncub.apps.train.hostprobe import MAX_COMPUTE_STEPS, compute_count
+
+    assert compute_count(0.025, SPEC) == 80 and 80 * 0.025 >= SPEC["compute_seconds"]
+    assert compute_count(0.150, SPEC) == 14  # ceil(2 / 0.15)
+    assert compute_count(0.5, SPEC) == SPEC["compute_steps"] == 8
+    assert compute_count(1e-7, SPEC) == MAX_COMPUTE_STEPS
+    assert compute_count(0.01, dict(compute_steps=8)) == 8  # without compute_seconds: the count alone
+
+
+def test_the_computes_halves_are_each_ranks_first_and_second_half_in_time():
+    """The held-out "second half against first" compares every rank's later steps with its earlier ones, not the
+    later ranks with the earlier (the figures come rank after rank)."""
+    from lioncub.apps.train.hostcal import halves
+
+    ranks = [[0.1, 0.1, 0.2, 0.2], [0.3, 0.3, 0.6, 0.6]]  # each rank twice as slow in its second half
+    first, second = halves([t for r in ranks for t in r], 2)
+    assert sorted(first) == [0.1, 0.1, 0.3, 0.3] and sorted(second) == [0.2, 0.2, 0.6, 0.6]
+    first, second = halves([0.1, 0.2, 0.3, 0.4, 0.5, 0.6], 2)  # three steps each: the middle one in neither
+    assert (first, second) == ([0.1, 0.4], [0.3, 0.6])
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 8])

@@ -289,6 +289,13 @@ def test_expected_max_of_normals():
     host = HostModel(step_cv=0.2)
     assert host.drift(9, 0.5, 4) == pytest.approx(0.2 * 0.5 * 3 * expected_max(4))
     assert HostModel().drift(9, 0.5, 4) == 0.0
+    # ranks that start 40 ms apart (sd) are that far apart before they compute; the drift adds in variance
+    skewed = HostModel(step_cv=0.2, start_skew=0.04)
+    assert skewed.drift(0, 0.5, 4) == pytest.approx(0.04 * expected_max(4))
+    assert skewed.drift(9, 0.5, 4) == pytest.approx(math.hypot(0.04, 0.3) * expected_max(4))
+    assert skewed.drift(9, 0.5, 1) == 0.0
+    with pytest.raises(ValueError, match="start_skew"):
+        HostModel(start_skew=-1e-3)
 
 
 def test_a_calls_fixed_cpu_is_per_peer_of_the_probes():
@@ -440,6 +447,11 @@ def test_an_exchange_waits_for_the_latest_ranks_readiness_within_the_step(overla
     still = StepSim(dataclasses.replace(host, step_cv=0.0), 4, work, plan, None, [], overlap, members=4,
                     compute=0.1).run()
     assert still["step"] == pytest.approx(alone["step"], rel=1e-12)
+    # ranks that started 10 ms apart (sd): the latest is later by the hypotenuse of that and the drift
+    skewed = StepSim(dataclasses.replace(host, start_skew=0.01), 4, work, plan, None, [], overlap, members=4,
+                     compute=0.1).run()
+    late = math.hypot(0.01 * expected_max(4), lag[1])
+    assert skewed["step"] == pytest.approx(0.1 + late + (5e-3 if overlap else 10e-3), rel=1e-9)
 
 
 @pytest.mark.parametrize("groups", [True, False])

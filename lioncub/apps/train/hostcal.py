@@ -16,7 +16,8 @@ while its own rank's threads run).
 What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `HostModel`; R ranks, C cores):
 
 * cores: the CPUs this process may run on;
-* compute: forward + backward per step with all R ranks computing (the step model's `compute_seconds`);
+* compute: forward + backward per step with all R ranks computing (the step model's `compute_seconds`), for at
+  least 8 steps and 2 s;
 * codec and Lion update alone (rank 0, the others waiting): the profile's `codec_bandwidth`, each kernel's
   speed on one device; a method's codec is its encode and vote on one bucket plus its apply (with the deferred
   momentum update, timed on the whole model: step() runs it over every bucket, out of the caches), and the
@@ -35,10 +36,13 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * the control message's all-reduce and the one of every segment with every rank computing: `wake`, the wait for a
   core on each wait of their critical paths (Gloo's, `HostModel.waits`) and for the last member (the contended
   model solved for their total time, hosts.py);
-* the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective).
+* the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective);
+* compute steps each ended by an all-reduce, as training steps end: `start_skew`, the spread of the moments the
+  ranks left the all-reduce (the machine's one clock): the ranks start each step that far apart.
 
 Held out (predicted by the fitted model, never fitted): the mid-size all-reduces idle and under compute, the
-largest under compute, the compute step while the codec runs, and the compute's second half against its first.
+largest under compute, the compute step while the codec runs, how long after the ranks' mean the latest ended a
+paced step's compute (`HostModel.drift` of one step), and the compute's second half against its first.
 Their residuals (measured / predicted - 1) give the profile's `forecast_error`, the interval on every step and
 speedup forecast made with it.
 """
@@ -46,6 +50,7 @@ speedup forecast made with it.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import statistics
 
@@ -62,7 +67,8 @@ def full_size(ranks: int) -> int:
     """Bytes of a small all-reduce that fills every one of Gloo's 2 R segments among R ranks (8 float32 each)."""
     return 64 * ranks
 
-SPEC = dict(compute_steps=8, calls=20, codec_window=5.0, sizes=list(SIZES))
+SPEC = dict(compute_steps=8, compute_seconds=2.0, calls=20, codec_window=5.0, codec_seconds=1.0,
+            sizes=list(SIZES))
 
 
 def cores() -> int:
@@ -96,6 +102,7 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
                 busy_method=busy_method,
                 update_elements=outs[0]["alone"]["model_elements"],
                 compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
+                paced=[o["paced"] for o in sorted(outs, key=lambda o: o["rank"])],
                 alone_share=outs[0]["alone"]["share"],
                 idle=slowest("idle"), idle_cpu=mean("idle_cpu"), busy=slowest("busy", "collectives"),
                 codec_busy=max(o["busy"]["codec"] for o in outs),
@@ -163,6 +170,7 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
     intra = 8.0 * wire.bus_factor("allreduce", R) * SIZES[-1] / wire_s if wire_s > 0.05 * raw["idle"][big] else None
     host = HostModel(cores=C, shared_by="cluster", background=b, **call_costs(raw, profile),
                      intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R),
+                     start_skew=start_skew(raw["paced"]) if raw.get("paced") else 0.0,
                      waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")),
                      apply_share=apply_share)
     # under compute a call's time is mostly its waits for the cores, the noisiest of the probes: the control message
@@ -225,6 +233,25 @@ def step_cv(compute: list[float], ranks: int) -> float:
     return statistics.median(statistics.stdev(x) / statistics.fmean(x) for x in per)
 
 
+def start_skew(paced: list[dict]) -> float:
+    """The ranks' start of step's standard deviation about their mean: the root mean square over the paced steps of
+    the sample standard deviation of the moments the ranks left the step's all-reduce (`paced`: every rank's
+    hostprobe._paced figures, rank after rank)."""
+    steps = list(zip(*(p["exits"] for p in paced)))
+    if len(paced) < 2 or not steps:
+        return 0.0
+    return math.sqrt(statistics.fmean(statistics.variance(e) for e in steps))
+
+
+def paced_lateness(paced: list[dict]) -> float | None:
+    """How long after the ranks' mean the latest of them ended a paced step's compute, the mean over the steps: each
+    started where it left the previous step's all-reduce (the first step has no such start)."""
+    ends = [[p["exits"][k - 1] + p["compute"][k] for p in paced] for k in range(1, len(paced[0]["exits"]))]
+    if len(paced) < 2 or not ends:
+        return None
+    return statistics.fmean(max(e) - statistics.fmean(e) for e in ends)
+
+
 def held_out(raw: dict, profile, host: HostModel) -> dict:
     """measured / predicted - 1 for every probe the fit did not use (see the module)."""
     R = raw["ranks"]
@@ -239,11 +266,21 @@ def held_out(raw: dict, profile, host: HostModel) -> dict:
     if raw.get("compute_under_codec"):
         slow = host.share(R) / host.share(2 * R)
         res["compute while the codec runs"] = raw["compute_under_codec"] / (t_r * slow) - 1
-    half = len(compute) // 2
-    if half >= 2:
-        res["compute, second half against first"] = statistics.median(compute[half:]) / \
-            statistics.median(compute[:half]) - 1
+    late, drift = (paced_lateness(raw["paced"]) if raw.get("paced") else None), host.drift(1.0, t_r, R)
+    if late is not None and drift > 0:
+        res["latest rank's end of compute, paced"] = late / drift - 1
+    first, second = halves(compute, R)
+    if len(first) >= 2:
+        res["compute, second half against first"] = statistics.median(second) / statistics.median(first) - 1
     return res
+
+
+def halves(compute: list[float], ranks: int) -> tuple[list[float], list[float]]:
+    """Every rank's first and second half of its compute steps in time, pooled (`compute`: every rank's steps,
+    rank after rank)."""
+    n = len(compute) // ranks
+    per = [compute[r * n:(r + 1) * n] for r in range(ranks)]
+    return [t for x in per for t in x[:n // 2]], [t for x in per for t in x[n - n // 2:]]
 
 
 def error_band(residuals: dict) -> list[float]:

@@ -3,7 +3,11 @@ Gloo ranks that share this machine as the run's ranks do (one torch thread each,
 
 Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at once unless said:
 
-1. compute: forward + backward of the run's model, every rank computing (no communication);
+1. compute: forward + backward of the run's model, every rank computing (no communication), for at least
+   `compute_steps` steps and `compute_seconds` (a small model's step is a few of the scheduler's time slices
+   long, so a few steps of it say little about its mean or its spread);
+1b. paced: as many steps again, each followed by an all-reduce of the control message, as a training step
+   ends: when each rank left each all-reduce, on the machine's one clock (time.monotonic), and its compute;
 2. alone: rank 0 runs one bucket's codec for each method (and its parts: encode and vote; the apply with the
    momentum update on the whole model), and the Lion update on the whole model, while the others wait (each
    kernel's speed on one device of the host, and the CPU time it got over the wall time: its share);
@@ -12,7 +16,8 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
    own threads);
 4. under compute: a second thread on every rank runs forward + backward in a loop (as the main thread of a
    training rank does while its communication thread works); the main thread runs the codec for a while
-   (the compute steps inside that window are timed too), then the same all-reduces.
+   (`codec_window` compute steps, at least `codec_seconds`; the compute steps inside that window are timed
+   too), then the same all-reduces.
 
 A collective's time is the slowest rank's mean over a loop of calls (consecutive all-reduces keep the
 ranks in step), the least of three passes. hostfit.py turns the figures into a HostModel and the held-out residuals.
@@ -20,6 +25,7 @@ ranks in step), the least of three passes. hostfit.py turns the figures into a H
 
 from __future__ import annotations
 
+import math
 import resource
 import statistics
 import threading
@@ -28,6 +34,7 @@ import time
 from lioncub.comm import wire
 
 CPU_CALLS = 4  # the idle loops' length over the timed loops', for the CPU time per call (see _collectives)
+MAX_COMPUTE_STEPS = 400
 
 
 def _compute_step(cfg, model, data, rank):
@@ -48,6 +55,42 @@ def _timed(fn, n: int) -> list[float]:
         fn()
         out.append(time.perf_counter() - t0)
     return out
+
+
+def _compute(step, spec: dict) -> list[float]:
+    """Phase 1: every rank's compute steps, as many on every rank: `compute_count` of the slowest rank's first
+    two (agreed by an all-reduce, a MAX)."""
+    import torch
+    import torch.distributed as dist
+
+    first = _timed(step, 2)
+    slowest = torch.tensor([max(first)], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return first + _timed(step, compute_count(float(slowest), spec) - len(first))
+
+
+def compute_count(step_seconds: float, spec: dict) -> int:
+    """How many compute steps of `step_seconds` each to time: at least `compute_steps` and `compute_seconds`, at
+    most MAX_COMPUTE_STEPS."""
+    want = math.ceil(spec.get("compute_seconds", 0.0) / max(step_seconds, 1e-9))
+    return max(2, int(spec["compute_steps"]), min(MAX_COMPUTE_STEPS, want))
+
+
+def _paced(step, n: int) -> dict:
+    """Phase 1b: `n` compute steps each followed by an all-reduce of the control message: when this rank left each
+    all-reduce (time.monotonic, one clock for every process of the machine) and each step's compute seconds."""
+    import torch.distributed as dist
+
+    t = _buffer(wire.CONTROL.nbytes)
+    dist.all_reduce(t)
+    exits, compute = [], []
+    for _ in range(n):
+        t0 = time.monotonic()
+        step()
+        compute.append(time.monotonic() - t0)
+        dist.all_reduce(t)
+        exits.append(time.monotonic())
+    return dict(exits=exits, compute=compute)
 
 
 def _process_cpu() -> float:
@@ -159,7 +202,8 @@ def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
         time.sleep(compute_s)  # let the compute loop reach its pace
         work = method_work(spec["busy_method"], int(spec["elements"]), world, rank, torch.device("cpu"))
         w0, count = time.perf_counter(), 0
-        while time.perf_counter() - w0 < spec["codec_window"] * compute_s:
+        window = max(spec["codec_window"] * compute_s, spec.get("codec_seconds", 0.0))
+        while time.perf_counter() - w0 < window:
             work()
             count += 1
         w1 = time.perf_counter()
@@ -183,11 +227,12 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     step = _compute_step(cfg, model, data, rank)
     step()
     dist.barrier()
-    compute = _timed(step, spec["compute_steps"])
+    compute = _compute(step, spec)
+    paced = _paced(step, len(compute))
     alone = _alone(spec, rank, world, sum(p.numel() for p in model.parameters()))
     idle_cpu: dict = {}
     idle = _collectives(_sizes(spec), spec["calls"], cpu=idle_cpu)
     dist.barrier()
     busy = _under_compute(step, spec, rank, world, statistics.median(compute))
     dist.barrier()
-    return dict(rank=rank, compute=compute, alone=alone, idle=idle, idle_cpu=idle_cpu, busy=busy)
+    return dict(rank=rank, compute=compute, paced=paced, alone=alone, idle=idle, idle_cpu=idle_cpu, busy=busy)
