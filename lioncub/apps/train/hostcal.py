@@ -246,10 +246,10 @@ def start_skew(paced: list[dict]) -> float:
 def paced_lateness(paced: list[dict]) -> float | None:
     """How long after the ranks' mean the latest of them ended a paced step's compute, the mean over the steps: each
     started where it left the previous step's all-reduce (the first step has no such start)."""
-    ends = [[p["exits"][k - 1] + p["compute"][k] for p in paced] for k in range(1, len(paced[0]["exits"]))]
-    if len(paced) < 2 or not ends:
+    if len(paced) < 2:
         return None
-    return statistics.fmean(max(e) - statistics.fmean(e) for e in ends)
+    ends = [[p["exits"][k - 1] + p["compute"][k] for p in paced] for k in range(1, len(paced[0]["exits"]))]
+    return statistics.fmean(max(e) - statistics.fmean(e) for e in ends) if ends else None
 
 
 def held_out(raw: dict, profile, host: HostModel) -> dict:
