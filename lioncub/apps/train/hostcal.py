@@ -226,11 +226,16 @@ def codec_speeds(alone: dict, ranks: int, n: int, model_elements: int) -> tuple[
 def step_cv(compute: list[float], ranks: int) -> float:
     """The median over ranks of each rank's own compute steps' standard deviation over their mean (`compute`:
     every rank's steps, rank after rank)."""
-    n = len(compute) // ranks
-    if n < 2:
+    per = per_rank(compute, ranks)
+    if len(per[0]) < 2:
         return 0.0
-    per = [compute[r * n:(r + 1) * n] for r in range(ranks)]
     return statistics.median(statistics.stdev(x) / statistics.fmean(x) for x in per)
+
+
+def per_rank(compute: list[float], ranks: int) -> list[list[float]]:
+    """Each rank's compute steps (`compute`: every rank's, rank after rank, as many each)."""
+    n = len(compute) // ranks
+    return [compute[r * n:(r + 1) * n] for r in range(ranks)]
 
 
 def start_skew(paced: list[dict]) -> float:
@@ -278,8 +283,8 @@ def held_out(raw: dict, profile, host: HostModel) -> dict:
 def halves(compute: list[float], ranks: int) -> tuple[list[float], list[float]]:
     """Every rank's first and second half of its compute steps in time, pooled (`compute`: every rank's steps,
     rank after rank)."""
-    n = len(compute) // ranks
-    per = [compute[r * n:(r + 1) * n] for r in range(ranks)]
+    per = per_rank(compute, ranks)
+    n = len(per[0])
     return [t for x in per for t in x[:n // 2]], [t for x in per for t in x[n - n // 2:]]
 
 
