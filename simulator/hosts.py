@@ -50,7 +50,8 @@ a training run):
   Measured by a host calibration (the apply timed on the whole model, out of the caches, as step() runs it);
   None: the whole codec on the communication thread and the Lion update in step() (profiles without it).
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
-  (time slicing, other work). Ranks that run k steps without a collective (local steps) drift apart by about
+  (time slicing, other work), beyond what every rank's step shared (a step slow on every rank at once delays
+  none against the others). Ranks that run k steps without a collective (local steps) drift apart by about
   `step_cv * step * sqrt(k)` each, and the next collective waits for the latest of its m members:
   `drift(k, step, m)`, with `expected_max(m)` the mean of the largest of m standard normals. Within a step
   they drift the same way over the part of it they have computed (k < 1): a bucket's exchange waits for its

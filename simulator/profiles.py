@@ -97,8 +97,10 @@ class BackendProfile:
     rendezvous_stagger: with rendezvous, the fraction of calls whose ranks enter one after another rather
         than together. A late rank then finds its peers' notices waiting and queues its data ahead of its
         own notices, so where a pair exchanges data both ways on one connection (Gloo's all-to-all; the
-        all-gather on 2 ranks) the two directions run one after the other. The time is the weighted mean
-        of the two cases (counted from the last rank's entry).
+        all-gather on 2 ranks) the two directions run one after the other. The ranks enter with the nodes
+        taking turns (a rank's lateness does not depend on its node; in the hierarchical layout's cross groups
+        each group starts at another node), so on a link that several pairs cross, some send each way first.
+        The time is the weighted mean of the two cases (counted from the last rank's entry).
     codec_bandwidth: bytes per second the ranks' own devices move through the step model's kernels,
         measured by a calibration: per method (its codec bytes, `codec_bytes_per_element`) and "update"
         (the Lion update's 20 bytes per parameter). When present they replace `memory_bandwidth` in

@@ -7,11 +7,14 @@ import gc
 import time
 from contextlib import contextmanager
 
-from .groups import GroupRank
+from .cluster import Cluster
+from .groups import CrossGroup, GroupRank, Groups
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS
 from .results import CollectiveResult
 from .symmetry import Symmetry
+
+STAGGER_EXACT_RANKS = 512  # the staggered run of a cross group simulates every group up to this many ranks
 
 
 @contextmanager
@@ -50,7 +53,8 @@ def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, gr
         together = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=False, timeline=timeline,
                                    exact=exact, groups=groups)
         if f > 0:
-            apart = _run_rendezvous(cluster, profile, op, alg, nbytes, staggered=True, groups=groups)
+            on, every = _every_group(cluster, groups)
+            apart = _run_rendezvous(on, profile, op, alg, nbytes, staggered=True, groups=every)
             together.seconds = (1 - f) * together.seconds + f * apart.seconds
         together.wall_seconds = time.perf_counter() - t_wall
         return together
@@ -67,9 +71,10 @@ def _run_primitive_gc_off(cluster, profile, op, alg, nbytes, timeline, exact, gr
 def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline: bool = False,
                     exact: bool = False, groups=None) -> CollectiveResult:
     """The rendezvous form of op/alg. Together: every rank enters at once (representative ranks only, as
-    the symmetry allows). Staggered: every rank simulated, rank r entering at r * gap, late enough for
-    the ready notices of the ranks before it to have arrived; seconds then runs from the last rank's
-    entry to the last rank's end (the gap is a device to order the entries, not a delay to charge)."""
+    the symmetry allows). Staggered: every rank simulated, the ranks entering `gap` apart (`_entry_slot`: the
+    nodes taking turns), late enough for the ready notices of the ranks before each to have arrived; seconds
+    then runs from the last rank's entry to the last rank's end (the gap is a device to order the entries, not
+    a delay to charge)."""
     lat = max(cluster.latency, cluster.intra_latency)
     gap = profile.call_overhead + 2 * cluster.ranks * profile.message_overhead + 2 * lat + 1e-6 if staggered else 0.0
     return _run_once(cluster, profile, op, alg, nbytes, ALGORITHMS[op][alg].rendezvous, rendezvous=True, gap=gap,
@@ -78,8 +83,8 @@ def _run_rendezvous(cluster, profile, op, alg, nbytes, staggered: bool, timeline
 
 def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, gap: float = 0.0,
               timeline: bool = False, exact: bool = False, groups=None) -> CollectiveResult:
-    """Simulate one call of fn on every (representative) rank, rank r entering at r * gap (on groups: each
-    group's member i at i * gap, every group at once)."""
+    """Simulate one call of fn on every (representative) rank, entering at `_entry_slot` * gap (on groups: every
+    group at once, its members in turn)."""
     p = cluster.ranks
     if groups is not None and timeline:
         raise ValueError("no timeline for collectives on sub-groups")
@@ -92,7 +97,7 @@ def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, g
 
     def program(ctx):
         if gap:
-            yield sim.env.timeout(ctx.r * gap)
+            yield sim.env.timeout(_entry_slot(cluster, ctx, groups) * gap)
         start[ctx.r] = sim.env.now
         if profile.call_overhead > 0:
             yield sim.env.timeout(profile.call_overhead)
@@ -115,6 +120,29 @@ def _run_once(cluster, profile, op, alg, nbytes, fn, rendezvous: bool = False, g
     if timeline:
         res.timeline = _expand_timeline(sym, ranks)
     return res
+
+
+def _every_group(cluster, groups) -> tuple:
+    """(cluster, groups) of a staggered run: a cross group simulated alone (groups.CrossGroup) stands for its
+    node's G groups in lockstep, which entering in turns they are not; up to STAGGER_EXACT_RANKS ranks every
+    group is simulated on the whole cluster."""
+    if groups is None and isinstance(cluster, CrossGroup) and cluster.share > 1 \
+            and cluster.ranks * cluster.share <= STAGGER_EXACT_RANKS:
+        fields = {k: getattr(cluster, k) for k in Cluster.__dataclass_fields__}
+        return Cluster(**{**fields, "gpus_per_node": cluster.share}), Groups("cross", cluster.share)
+    return cluster, groups
+
+
+def _entry_slot(cluster, ctx, groups) -> int:
+    """The place of `ctx`'s rank in the staggered entry order: the nodes take turns (a rank's lateness does not
+    depend on its node, so the ranks that enter early are not all one node's); in cross groups the G groups
+    start at different nodes for the same reason."""
+    if groups is None:
+        G = cluster.gpus_per_node
+        return (ctx.r % G) * cluster.nodes + ctx.r // G
+    if groups.scope == "cross":
+        return (ctx.r - ctx.rank.r % groups.node_size) % ctx.p
+    return ctx.r
 
 
 def _expand_timeline(sym: Symmetry, ranks: list[Rank]) -> dict[int, list[tuple]]:

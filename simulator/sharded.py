@@ -201,7 +201,8 @@ def _run(ctx: dict, lv: int, host: HostModel, weight: int, plan: list, control) 
         return unshared_step(plan, update, control, sync, synchronous, ctx["overlap"])
     steps = ctx["cache"].steps
     if key not in steps:
-        steps[key] = ShardedSim(host, weight, plan, update, control, [], synchronous, ctx["overlap"]).run()
+        steps[key] = ShardedSim(host, weight, plan, update, control, [], synchronous, ctx["overlap"],
+                                compute=ctx["fwd"] + ctx["bwd"]).run()
     msync = ShardedSim(host, weight, [], 0.0, None, sync, synchronous, ctx["overlap"]).run()["msync"] if sync else 0.0
     return dict(steps[key], msync=msync)
 

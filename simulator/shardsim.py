@@ -22,8 +22,9 @@ class ShardedSim:
     block the main thread (CPU ranks)."""
 
     def __init__(self, host: HostModel, weight: int, plan: list, optimizer: float, control, sync: list,
-                 synchronous: bool, overlap: bool):
+                 synchronous: bool, overlap: bool, compute: float = 0.0):
         self.env = simpy.Environment()
+        self.compute_seconds, self.aligned = compute, 0.0  # the step's compute as measured; computing at the last sync
         self.host, self.plan, self.optimizer = host, plan, optimizer
         self.control, self.sync, self.synchronous, self.overlap = control, sync, synchronous, overlap
         self.cores = Cores(self.env, host, weight)
@@ -59,19 +60,19 @@ class ShardedSim:
     def main(self):
         env, sync = self.env, self.synchronous
         for u, unit in enumerate(self.plan):
-            yield from (self.calls(unit["gather"], "fsdp") if sync else [self.gathered[u]])
+            yield from (self.blocking(unit["gather"]) if sync else [self.gathered[u]])
             self.started[u].succeed()
             yield from self.compute(unit["fwd"])
         self.marks["forward"] = env.now
         self.forward_done.succeed()
         for u in self.back:
             unit = self.plan[u]
-            yield from (self.calls(unit["gather_back"], "fsdp") if sync else [self.gathered_back[u]])
+            yield from (self.blocking(unit["gather_back"]) if sync else [self.gathered_back[u]])
             self.started_back[u].succeed()
             yield from self.compute(unit["bwd"])
             self.grads[u].succeed()
             if sync:
-                yield from self.calls(unit["scatter"] + unit["reduce"], "fsdp")
+                yield from self.blocking(unit["scatter"] + unit["reduce"])
                 self.scattered[u].succeed()
                 self.reduced[u].succeed()
         yield env.all_of(self.reduced)  # FSDP2's end of backward waits for its reduce-scatters and all-reduces
@@ -133,6 +134,20 @@ class ShardedSim:
             yield from self.calls(self.plan[u]["cross"], "comm")
         if self.overlap:
             yield from self.calls([self.control], "comm")
+
+    def blocking(self, calls: list):
+        """FSDP's collectives on the main thread (CPU ranks): each starts when the latest of its members arrives,
+        which drifted from the others over the compute since the previous one (`HostModel.drift`, from the
+        spread they left that one with: `start_skew`), and after it they are together again."""
+        for c in calls:
+            k = (self.walls["computing"] - self.aligned) / self.compute_seconds if self.compute_seconds > 0 else 0.0
+            late = self.host.drift(k, self.compute_seconds, c.members) if c.members > 1 else 0.0
+            t0 = self.env.now
+            if late > 0:
+                yield self.env.timeout(late)
+            self.walls["fsdp"] += self.env.now - t0
+            yield from self.calls([c], "fsdp")
+            self.aligned = self.walls["computing"]
 
     def calls(self, calls: list, wall: str):
         for c in calls:

@@ -17,7 +17,9 @@ from lioncub.simulator import (
     simulate_step,
     simulate_transfers,
 )
+from lioncub.simulator.groups import Groups, cross_cluster
 from lioncub.simulator.network import BURST_SPEEDUP
+from lioncub.simulator.runner import primitive
 
 MiB = 2**20
 
@@ -127,6 +129,39 @@ def test_more_ranks_serialize_only_part_of_the_all_to_all():
         # ring all-gather on p >= 3: data flows one way on each connection, nothing to serialize
         ag = simulate_collective(cluster, "allgather", "ring", n, gloo_like(rendezvous_stagger=1.0)).seconds
         assert ag == pytest.approx(bound, rel=0.01)
+
+
+def test_nodes_of_several_ranks_take_turns_entering():
+    # 2 nodes of 4 ranks: 16 pairs cross the link, each exchanging both ways on one connection, the late member's
+    # data first. Staggered, the nodes take turns entering (a rank's lateness does not depend on its node): the
+    # late member of 10 pairs is on node 1, of 6 on node 0, so both directions carry data from the start. Had
+    # node 0's ranks all entered first, every pair would send one way, then the other: twice the bytes bound.
+    rate, n, p, G = 1e9, 16 * MiB, 8, 4
+    C = line(rate)
+    cluster = Cluster.for_ranks(p, G, bandwidth=rate, latency=0)
+    bound = G * (p - G) * (n / p) / C  # what a NIC carries out
+    together = simulate_collective(cluster, "alltoall", "all-at-once", n, gloo_like()).seconds
+    apart = simulate_collective(cluster, "alltoall", "all-at-once", n, gloo_like(rendezvous_stagger=1.0)).seconds
+    assert together == pytest.approx(bound, rel=0.01)
+    assert together < apart < 1.5 * bound
+
+
+@pytest.mark.parametrize("nodes,G", [(2, 2), (2, 4), (4, 2)])
+def test_cross_groups_enter_in_turns_and_the_fast_path_agrees(nodes, G):
+    # the hierarchical layout's cross all-to-all: G groups of one rank per node share each NIC. The fast path
+    # simulates one group standing for all G in lockstep; staggered, the groups start at different nodes
+    # (runner._every_group simulates every group), as the exact run of every group on the whole cluster does
+    cluster = Cluster.for_ranks(nodes * G, G, bandwidth=1e9, latency=0)
+    n, C = 16 * MiB, line(1e9)
+    prof = gloo_like(rendezvous_stagger=1.0)
+    fast = primitive(cross_cluster(cluster), prof, "alltoall", "all-at-once", n, None).seconds
+    exact = primitive(cluster, prof, "alltoall", "all-at-once", n, None, exact=True, groups=Groups("cross", G)).seconds
+    assert fast == pytest.approx(exact, rel=1e-6)
+    if nodes == 2:  # G pairs per NIC, each sending n/2: half of them go one way first, half the other
+        bound = G * (n / 2) / C
+        assert primitive(cross_cluster(cluster), gloo_like(), "alltoall", "all-at-once", n, None).seconds \
+            == pytest.approx(bound, rel=0.01)
+        assert fast < 1.25 * bound  # in lockstep: 2 x bound
 
 
 def test_mechanisms_are_off_by_default_and_in_the_builtin_profiles():

@@ -165,15 +165,23 @@ def test_no_loopback_speed_is_taken_from_probes_that_do_not_show_one():
 
 
 def test_step_variation_is_each_ranks_own():
-    """step_cv: the median over ranks of each rank's own steps' sd / mean; a rank that is steadily slower adds no
-    variation (it is not noise between steps)."""
+    """step_cv: the median over ranks of each rank's own steps' sd / mean, beyond what the ranks' k-th steps shared;
+    a rank that is steadily slower adds no variation (it is not noise between steps), nor does a step that is slow
+    on every rank at once (it delays no rank against the others)."""
     import statistics
 
     from lioncub.apps.train.hostcal import step_cv
 
-    ranks = [[0.10, 0.12, 0.08, 0.10], [0.20, 0.20, 0.20, 0.20], [0.1, 0.1, 0.1, 0.1], [0.3, 0.33, 0.27, 0.3]]
-    cvs = sorted(statistics.stdev(r) / statistics.fmean(r) for r in ranks)
+    own = [[0.0, 0.02, -0.02, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [0.0, 0.03, -0.03, 0.0]]
+    level = [0.10, 0.20, 0.10, 0.30]
+    ranks = [[lv + e for e in r] for lv, r in zip(level, own)]
+    shared = [statistics.fmean(r[k] for r in own) for k in range(4)]
+    mean = statistics.fmean(level)
+    cvs = sorted(statistics.stdev(e - s for e, s in zip(r, shared)) / mean for r in own)
     assert step_cv([t for r in ranks for t in r], 4) == pytest.approx((cvs[1] + cvs[2]) / 2)
+    spiked = [[t + (0.4 if k == 1 else 0.0) for k, t in enumerate(r)] for r in ranks]  # every rank's 2nd step
+    assert step_cv([t for r in spiked for t in r], 4) == pytest.approx(
+        (cvs[1] + cvs[2]) / 2 * mean / (mean + 0.1))  # the same spread over a longer mean step
     assert step_cv([0.1] * 4, 4) == 0.0  # one step per rank: nothing to measure
 
 

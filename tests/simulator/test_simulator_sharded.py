@@ -224,3 +224,41 @@ def test_the_sharded_steps_apply_runs_in_step_after_the_exchange(share):
     dense = [simulate_step(c, "allreduce", 3_000_000, backend=p, **kw).optimizer_seconds
              for p in (prof(), prof(apply_share={"vote-1bit": share}))]
     assert dense[0] == pytest.approx(dense[1])
+
+
+@pytest.mark.parametrize("skew,cv", [(0.0, 0.1), (0.01, 0.0), (0.01, 0.2)])
+def test_each_blocking_fsdp_collective_waits_for_its_latest_member(skew, cv):
+    """CPU ranks run FSDP's collectives on the main thread: each starts when the latest of its m members arrives,
+    E[max of m] x sqrt(start_skew^2 + (step_cv x compute)^2 x k) after the representative, k the share of the step's
+    compute since the previous one (after which they are together again): closed form, on cores nobody waits for."""
+    import math
+
+    from lioncub.simulator.contention import Call
+    from lioncub.simulator.hosts import HostModel, expected_max
+    from lioncub.simulator.shardsim import ShardedSim
+
+    def call(m):
+        return Call("x", "ring", 1.0, 0.002, 1.0, m, 0.0)
+
+    fwd, bwd = [0.01, 0.03, 0.02], [0.02, 0.06, 0.04]
+    plan = [dict(gather=[call(4)], gather_back=[call(4)] if u else [], scatter=[call(4)], reduce=[call(2)],
+                 cross=[], sync=[], fwd=f, bwd=b, codec=0.0) for u, (f, b) in enumerate(zip(fwd, bwd))]
+    compute = sum(fwd) + sum(bwd)
+    host = HostModel(cores=1000.0, shared_by="node", step_cv=cv, start_skew=skew)
+    still = HostModel(cores=1000.0, shared_by="node")
+    run = [ShardedSim(h, 1, plan, 0.004, None, [], True, False, compute=compute).run() for h in (host, still)]
+
+    def wait(c, since):
+        return expected_max(c.members) * math.sqrt(skew ** 2 + (cv * compute) ** 2 * since / compute)
+
+    since = waits = 0.0  # the main thread's blocking calls in order, with the compute since the previous one
+    for u in plan:
+        waits += sum(wait(c, since) for c in u["gather"])
+        since = (0.0 if u["gather"] else since) + u["fwd"]
+    for u in reversed(plan):
+        waits += sum(wait(c, since if j == 0 else 0.0) for j, c in enumerate(u["gather_back"]))
+        since = (0.0 if u["gather_back"] else since) + u["bwd"]
+        waits += sum(wait(c, since if j == 0 else 0.0) for j, c in enumerate(u["scatter"] + u["reduce"]))
+        since = 0.0
+    assert run[0]["step"] - run[1]["step"] == pytest.approx(waits, rel=1e-9)
+    assert run[0]["fsdp"] - run[1]["fsdp"] == pytest.approx(waits, rel=1e-9)

@@ -36,7 +36,8 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * the control message's all-reduce and the one of every segment with every rank computing: `wake`, the wait for a
   core on each wait of their critical paths (Gloo's, `HostModel.waits`) and for the last member (the contended
   model solved for their total time, hosts.py);
-* the compute steps' variation, each rank's own: `step_cv` (how far ranks drift apart without a collective);
+* the compute steps' variation, each rank's own beyond what the ranks' k-th steps shared: `step_cv` (how far ranks
+  drift apart without a collective);
 * compute steps each ended by an all-reduce, as training steps end: `start_skew`, the spread of the moments the
   ranks left the all-reduce (the machine's one clock): the ranks start each step that far apart.
 
@@ -224,12 +225,17 @@ def codec_speeds(alone: dict, ranks: int, n: int, model_elements: int) -> tuple[
 
 
 def step_cv(compute: list[float], ranks: int) -> float:
-    """The median over ranks of each rank's own compute steps' standard deviation over their mean (`compute`:
-    every rank's steps, rank after rank)."""
+    """The median over ranks of the standard deviation of each rank's own compute steps over their mean, once what
+    every rank's k-th step shared is taken out (`compute`: every rank's steps, rank after rank, as many each, timed
+    at once): a step that is slow on every rank at once (the machine's, not a rank's) delays none of them against
+    the others, so it is no drift."""
     per = per_rank(compute, ranks)
-    if len(per[0]) < 2:
+    n = len(per[0])
+    if n < 2:
         return 0.0
-    return statistics.median(statistics.stdev(x) / statistics.fmean(x) for x in per)
+    shared = [statistics.fmean(x[k] for x in per) for k in range(n)]
+    mean = statistics.fmean(shared)
+    return statistics.median(statistics.stdev(x[k] - shared[k] for k in range(n)) / mean for x in per)
 
 
 def per_rank(compute: list[float], ranks: int) -> list[list[float]]:
