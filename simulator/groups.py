@@ -77,6 +77,12 @@ def cross_cluster(cluster: Cluster) -> CrossGroup:
     return CrossGroup(**{**fields, "gpus_per_node": 1}, share=cluster.gpus_per_node)
 
 
+def whole_cluster(cross: CrossGroup) -> tuple[Cluster, Groups]:
+    """The cluster `cross_cluster` took `cross` from, and its cross groups: where every group runs at once."""
+    fields = {k: getattr(cross, k) for k in Cluster.__dataclass_fields__}
+    return Cluster(**{**fields, "gpus_per_node": cross.share}), Groups("cross", cross.share)
+
+
 def node_cluster(cluster: Cluster) -> Cluster:
     """One node of `cluster` alone: what a node-scoped collective runs on (all nodes take as long)."""
     return replace(cluster, nodes=1, topology="switch", nodes_per_leaf=None, oversubscription=1.0)

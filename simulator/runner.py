@@ -7,8 +7,7 @@ import gc
 import time
 from contextlib import contextmanager
 
-from .cluster import Cluster
-from .groups import CrossGroup, GroupRank, Groups
+from .groups import CrossGroup, GroupRank, whole_cluster
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS
 from .results import CollectiveResult
@@ -128,8 +127,7 @@ def _every_group(cluster, groups) -> tuple:
     group is simulated on the whole cluster."""
     if groups is None and isinstance(cluster, CrossGroup) and cluster.share > 1 \
             and cluster.ranks * cluster.share <= STAGGER_EXACT_RANKS:
-        fields = {k: getattr(cluster, k) for k in Cluster.__dataclass_fields__}
-        return Cluster(**{**fields, "gpus_per_node": cluster.share}), Groups("cross", cluster.share)
+        return whole_cluster(cluster)
     return cluster, groups
 
 

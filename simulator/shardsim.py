@@ -141,11 +141,10 @@ class ShardedSim:
         spread they left that one with: `start_skew`), and after it they are together again."""
         for c in calls:
             k = (self.walls["computing"] - self.aligned) / self.compute_seconds if self.compute_seconds > 0 else 0.0
-            late = self.host.drift(k, self.compute_seconds, c.members) if c.members > 1 else 0.0
-            t0 = self.env.now
+            late = self.host.drift(k, self.compute_seconds, c.members)
             if late > 0:
                 yield self.env.timeout(late)
-            self.walls["fsdp"] += self.env.now - t0
+                self.walls["fsdp"] += late
             yield from self.calls([c], "fsdp")
             self.aligned = self.walls["computing"]
 
