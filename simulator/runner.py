@@ -136,8 +136,7 @@ def _entry_slot(cluster, ctx, groups) -> int:
     depend on its node, so the ranks that enter early are not all one node's); in cross groups the G groups
     start at different nodes for the same reason."""
     if groups is None:
-        G = cluster.gpus_per_node
-        return (ctx.r % G) * cluster.nodes + ctx.r // G
+        return (ctx.r % cluster.gpus_per_node) * cluster.nodes + cluster.node_of(ctx.r)
     if groups.scope == "cross":
         return (ctx.r - ctx.rank.r % groups.node_size) % ctx.p
     return ctx.r
