@@ -105,6 +105,17 @@ def used_anywhere(used: list[bool], group=None, device="cpu") -> list[bool]:
     return [bool(x) for x in t.tolist()]
 
 
+def equal_everywhere(values: torch.Tensor, group=None, device="cpu") -> bool:
+    """Whether the float64 `values` are equal on every rank of the group and their last one is not zero (one MAX
+    all-reduce of the values and their negatives, timed as "all_reduce (same gradients)": the maximum equals the
+    negated minimum exactly when every rank sent the same). The result is identical on every rank."""
+    n = values.numel()
+    t = torch.cat([values, -values]).to(device)
+    call("all_reduce (same gradients)", dist.all_reduce, t, op=dist.ReduceOp.MAX, group=group)
+    t = t.cpu()
+    return bool(torch.equal(t[:n], -t[n:]) and t[n - 1] != 0)
+
+
 def any_rank(flag: bool, group=None, device="cpu", what: str = "any rank") -> bool:
     """Whether `flag` is true on any rank of the group (one 4-byte MAX all-reduce, timed as "all_reduce
     (<what>)"; `flag` alone without torch.distributed)."""

@@ -69,6 +69,8 @@ class Engine:
         self._scaler = None  # weakref to the lioncub.GradScaler whose scale passes divide out
         self._scratch: dict = {}
         self.warned_regrad = False
+        self.ddp_alongside = False  # a torch DDP model LionCub is not attached to wraps the parameters (overlap.py)
+        self.side_collectives: list = []  # sent this step outside its kind's exchange (the statistics add them)
         self._overlap_wanted = overlap
         self.overlap = Overlap(self) if overlap and self.world_size > 1 and self.buckets else None
 

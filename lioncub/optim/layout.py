@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from lioncub import kernels
 from lioncub.comm import wire
-from lioncub.comm.transport import allreduce_mean_, group_rank_size
+from lioncub.comm.transport import allreduce_mean_, equal_everywhere, group_rank_size
 from lioncub.optim import agreement, nodes
 
 
@@ -82,6 +82,13 @@ class FlatLayout:
     def sync_collectives(self, buckets) -> list:
         return [wire.Collective(c.op, c.nbytes, c.dtype, "world") for b in buckets
                 for c in wire.momentum_sync_collectives(b.n)]
+
+    def same_gradients(self, fingerprint: torch.Tensor, device) -> tuple[bool | None, list]:
+        """(whether every rank's whole gradients have this rank's `fingerprint` (lioncub.optim.replicas); its
+        collectives). None with one rank."""
+        if self.world_size == 1:
+            return None, []
+        return equal_everywhere(fingerprint, self.group, device), [wire.SAME_GRADIENTS]
 
     def agreement(self, codec, buckets, xs, codes, levels: int) -> float | None:
         return agreement.agreement(codec, codes, [b.n for b in buckets], self.world_size, levels,

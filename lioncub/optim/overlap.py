@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import threading
 import time
 import weakref
@@ -30,9 +31,11 @@ from dataclasses import dataclass, field
 import torch
 
 from lioncub.comm import settle
+from lioncub.optim import replicas
 from lioncub.optim.passes import ExchangePass
 from lioncub.optim.worker import Worker
 
+log = logging.getLogger("lioncub")
 _FLUSH = "flush"
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for shutdown()
 
@@ -74,6 +77,7 @@ class Overlap:
         self._stream = torch.cuda.Stream(device=buckets.device) if self._cuda else None
         self._worker = Worker(functools.partial(_run, engine_ref=self._engine, stream=self._stream), "lioncub-comm")
         self._pass: _Backward | None = None
+        self._looked_for_ddp = False
 
     # --- hooks (the autograd thread) --------------------------------------------------------------------
 
@@ -91,6 +95,8 @@ class Overlap:
         if engine is None:
             return
         if self._pass is None:
+            if not self._looked_for_ddp and self._ddp_alongside(engine):
+                return
             self._begin_pass(engine)
         k, i = engine.buckets.where[id(param)]
         engine.buckets.capture(param, k, i)
@@ -105,6 +111,18 @@ class Overlap:
             while state.cursor < len(state.complete) and state.complete[state.cursor]:
                 self._worker.put((state.cursor, state))
                 state.cursor += 1
+
+    def _ddp_alongside(self, engine) -> bool:
+        """Once, at the first backward: whether a DDP model LionCub is not attached to wraps its parameters
+        (lioncub.optim.replicas); if so the hooks stop for good and step() exchanges."""
+        self._looked_for_ddp = True
+        if engine.attached_to is not None or replicas.wrapping_ddp(p for b in engine.buckets for p in b.params) is None:
+            return False
+        self.enabled = False
+        engine.ddp_alongside = True  # (lioncub.optim.replicas's warning would only say the same)
+        if engine.rank == 0:
+            log.warning(replicas.DDP_WARNING)
+        return True
 
     def _begin_pass(self, engine) -> None:
         if not self._worker.started:

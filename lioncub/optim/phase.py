@@ -16,6 +16,10 @@ class Phase:
         """The method of step `step` (1-based)."""
         return self.dense_method if step <= max(self.dense_warmup, self.guard_start) else self.method
 
+    @property
+    def first_compressed_step(self) -> int | None:
+        return None if self.method.dense else max(self.dense_warmup, self.guard_start) + 1
+
     def charges_guard(self, step: int) -> bool:
         """Whether a dense step's bytes count against the adaptive guard's budget (its own start, not the
         warm-up the user asked for)."""

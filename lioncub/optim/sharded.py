@@ -200,6 +200,10 @@ class ShardedLayout(ShardLayout):
     def with_group(self, group) -> ShardedLayout:
         return ShardedLayout(group, self.sharding)
 
+    def same_gradients(self, fingerprint, device) -> tuple[None, list]:
+        """Not told here: the buckets hold shards of the node's mean (FSDP's reduce-scatter)."""
+        return None, []
+
     def norm_copies(self, dense: bool) -> int:
         """Each node's shards partition its mean gradient, so the world's sum counts every node's mean once:
         the norm is the RMS over nodes of the node means' norms (dense: of the one mean every node holds)."""

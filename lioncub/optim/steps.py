@@ -20,6 +20,7 @@ import torch
 from lioncub import kernels
 from lioncub.comm import wire
 from lioncub.comm.transport import agree_control
+from lioncub.optim import replicas
 from lioncub.optim.passes import nonfinite_flag
 from lioncub.optim.stats import Clock
 
@@ -41,6 +42,8 @@ def take(engine, timing: bool) -> None:
     engine.stats.last_backward_wait_s = done.exposed_s if overlapped else 0.0
     if done is None or (method.dense and not engine.buckets.private):
         engine.buckets.collect()
+    if engine.steps == engine.phase.first_compressed_step and not engine.ddp_alongside:
+        replicas.check(engine)  # (the buckets hold this rank's own gradients)
     clock = Clock(timing and engine.buckets.is_cuda)
     if method.dense:
         dense(engine, clock, done)
@@ -188,7 +191,8 @@ def finish(engine, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s
     stats, layout = engine.stats, engine.layout
     units = engine.buckets if units is None else units
     stats.last_agreement = layout.agreement(engine.spec.codec, units, xs, codes, engine.levels)
-    due = engine.schedule.decide(engine.steps, stats.last_agreement, credit_bytes(engine, collectives),
+    due = engine.schedule.decide(engine.steps, stats.last_agreement,
+                                 credit_bytes(engine, engine.side_collectives + collectives),
                                  credit_bytes(engine, layout.sync_collectives(engine.buckets)))
     sync_s = 0.0
     if due:
@@ -208,6 +212,7 @@ def skip(engine, why: str, collectives=(), comm_s: float = 0.0, exposed_s: float
 
 
 def record(engine, collectives, *, quantize_s=0.0, comm_s=0.0, apply_s=0.0, sync_s=0.0, exposed_s=None) -> None:
+    collectives, engine.side_collectives = engine.side_collectives + list(collectives), []
     sent, recv = engine.layout.traffic(collectives)
     engine.stats.record(sent, recv, len(collectives), quantize_s, comm_s, apply_s, sync_s, exposed_s,
                         engine.layout.node_bytes(collectives))

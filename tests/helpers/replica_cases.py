@@ -1,0 +1,82 @@
+"""Multi-rank scenarios of tests/optim/test_replicas.py: ranks that bring the same gradients to a step (a model
+wrapped in torch DDP that LionCub was not attached to, or every rank reading the same data)."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+import torch.distributed as dist
+from dist_cases import flat, gather
+
+from lioncub import LionCub
+from lioncub.optim import Lion
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def _listen() -> _Records:
+    h = _Records()
+    logging.getLogger("lioncub").addHandler(h)
+    return h
+
+
+def _net(seed: int = 0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+
+
+def _batch(seed: int):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(6, 8, generator=g), torch.randn(6, 4, generator=g)
+
+
+def ddp_without_attach(rank, world_size, method, runs=3, steps=3):
+    """`runs` times: a model wrapped in DDP, LionCub (overlap on) built on its parameters, never attached; every
+    rank its own data. Beside it, plain Lion on a copy, fed the gradients DDP averaged."""
+    log = _listen()
+    out = []
+    for run in range(runs):
+        net = _net(run)
+        ref = copy.deepcopy(net)
+        model = torch.nn.parallel.DistributedDataParallel(net)
+        opt = LionCub(model.parameters(), lr=0.01, weight_decay=0.1, method=method, overlap=True)
+        lion = Lion(ref.parameters(), lr=0.01, weight_decay=0.1)
+        for step in range(steps):
+            x, y = _batch(100 * step + 10 * run + rank)
+            opt.zero_grad()
+            (model(x) - y).square().mean().backward()
+            for p, q in zip(net.parameters(), ref.parameters()):
+                q.grad = p.grad.clone()
+            opt.step()
+            lion.step()
+        params = flat(net.parameters())
+        out.append(dict(replicas_equal=all(torch.equal(params, x) for x in gather(params)),
+                        err=(params - flat(ref.parameters())).abs().max().item(),
+                        overlapped=opt.stats.overlapped_steps))
+    return dict(runs=out, messages=log.messages)
+
+
+def same_data(rank, world_size, method, overlap, shared, steps=3, dense_warmup=0):
+    """`steps` steps with every rank reading the same batches (`shared`) or its own; the warnings and each step's
+    collectives."""
+    log = _listen()
+    net = _net()
+    opt = LionCub(net.parameters(), lr=0.01, method=method, overlap=overlap, dense_warmup=dense_warmup)
+    collectives = []
+    for step in range(steps):
+        x, y = _batch(100 * step + (0 if shared else rank))
+        opt.zero_grad()
+        (net(x) - y).square().mean().backward()
+        opt.step()
+        collectives.append(opt.stats.last_collectives)
+    dist.barrier()
+    return dict(messages=log.messages, collectives=collectives)
