@@ -26,13 +26,17 @@ def _worker(rank, world_size, port, fn, args, timeout, threads, queue, env, sess
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world_size,
                                 timeout=datetime.timedelta(seconds=timeout))
+    except BaseException as exc:  # (fn has not run: spawn may start over on another port)
+        queue.put((rank, False, (traceback.format_exc(), False, str(exc), True)))
+        return
+    try:
         result = fn(rank, world_size, *args)
         # tensors go back as bytes: torch's shared-memory pickling needs the sender alive
         buf = io.BytesIO()
         torch.save(result, buf)
         queue.put((rank, True, buf.getvalue()))
     except BaseException as exc:
-        queue.put((rank, False, (traceback.format_exc(), isinstance(exc, ValueError), str(exc))))
+        queue.put((rank, False, (traceback.format_exc(), isinstance(exc, ValueError), str(exc), False)))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -51,7 +55,17 @@ class RankInputError(SpawnError, ValueError):
         self.traceback = tb
 
 
-def _failure(rank: int, tb: str, bad_input: bool, message: str) -> SpawnError:
+RENDEZVOUS_TRIES = 3
+
+
+class _Rendezvous(SpawnError):
+    """A rank could not join the process group (its port taken by another process between free_port and the
+    store's bind, a peer's connection refused): nothing ran, so spawn starts over."""
+
+
+def _failure(rank: int, tb: str, bad_input: bool, message: str, at_start: bool) -> SpawnError:
+    if at_start:
+        return _Rendezvous(f"rank {rank} could not join the process group:\n{tb}")
     return RankInputError(rank, message, tb) if bad_input else SpawnError(f"rank {rank} failed:\n{tb}")
 
 
@@ -67,7 +81,8 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     fork from a server started once per parent process, so pass environment variables they need
     (LIONCUB_KERNELS, ...) in `env`; by default they get the caller's LIONCUB_* and TRITON_* variables.
     `sessions`: each rank in a session of its own, as torchrun and the lab start ranks (where the kernel groups
-    scheduling by session, autogroup, each rank is then a scheduling group of its own).
+    scheduling by session, autogroup, each rank is then a scheduling group of its own). A rank that cannot join
+    the process group (another process took the port) makes spawn start over on another port, up to 3 times.
     """
     import multiprocessing as mp
 
@@ -78,7 +93,17 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
         threads = max(1, (os.cpu_count() or 1) // world_size)
     if env is None:
         env = {k: v for k, v in os.environ.items() if k.startswith(("LIONCUB_", "TRITON_"))}
-    port = free_port()
+    for attempt in range(RENDEZVOUS_TRIES):
+        try:
+            return _run(ctx, fn, world_size, args, free_port(), timeout, pg_timeout, threads, allow_failures, env,
+                        sessions)
+        except _Rendezvous:
+            if attempt + 1 == RENDEZVOUS_TRIES:
+                raise
+
+
+def _run(ctx, fn, world_size, args, port, timeout, pg_timeout, threads, allow_failures, env, sessions) -> list:
+    """One try of spawn on `port`."""
     results_q = ctx.Queue()
     procs = [ctx.Process(target=_worker, daemon=True,
                          args=(r, world_size, port, fn, args, pg_timeout, threads, results_q, env, sessions))
@@ -122,8 +147,9 @@ def _collect(procs: list, results_q, results: dict, timeout: float | None, allow
                                  f"finish within {timeout:.0f}s") from None
             continue
         if not ok:
-            if not allow_failures:
-                raise _failure(rank, *payload)
+            err = _failure(rank, *payload)
+            if not allow_failures or isinstance(err, _Rendezvous):
+                raise err
             failed.add(rank)
             continue
         results[rank] = torch.load(io.BytesIO(payload), weights_only=False)

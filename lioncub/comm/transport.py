@@ -33,6 +33,15 @@ def group_rank_size(group=None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+def own_group(group=None):
+    """A process group of the same ranks as `group` (default: the world) for one user's collectives alone, or
+    `group` itself with one rank or none. Every rank of `group` must call it, in the same order as its other
+    process groups are made."""
+    if group_rank_size(group)[1] <= 1:
+        return group
+    return dist.new_group(ranks=dist.get_process_group_ranks(group or dist.group.WORLD))
+
+
 _TIMES: dict[str, list] | None = None  # name -> [calls, seconds], while record_call_times is on
 _TIMES_LOCK = threading.Lock()
 

@@ -19,7 +19,7 @@ import torch
 
 from lioncub import methods
 from lioncub.comm import wire
-from lioncub.comm.transport import any_rank, used_anywhere
+from lioncub.comm.transport import any_rank, own_group, used_anywhere
 from lioncub.optim import passes, runs, schedules
 from lioncub.optim.buckets import BucketSet
 from lioncub.optim.layout import make_layout
@@ -45,6 +45,8 @@ class Engine:
             self.layout = ShardedLayout(process_group, sharding)
         else:
             device = next((p.device for g in param_groups for p in g["params"]), torch.device("cpu"))
+            if overlap:  # the thread sends during backward, as may the model (DDP, SyncBatchNorm, tensor parallel)
+                process_group = own_group(process_group)
             self.layout = make_layout(process_group, hierarchical, node_size, spec, device)
         self.levels = spec.resolve_levels(self.layout.voters, levels)
         self.schedule = schedules.resolve(momentum_sync)

@@ -3,7 +3,10 @@
 Per-parameter hooks (`register_post_accumulate_grad_hook`) count the gradients of each bucket; when a
 bucket's last gradient is final, the bucket is ready. One communication thread per optimizer takes ready
 buckets strictly in bucket order (buckets are laid out in the order backward produces them), so every
-rank issues the same collectives in the same order whatever order its own gradients arrive in. At the end
+rank issues the same collectives in the same order whatever order its own gradients arrive in. They go on a
+process group of the optimizer's own (same ranks; lioncub.optim.engine): a model may send during backward
+too (DDP, SyncBatchNorm, tensor-parallel layers), from the autograd thread, and on one group the two
+streams would interleave in a different order on each rank. At the end
 of backward (an autograd callback) the buckets that got no gradient this pass are flushed, the step's
 control message (the non-finite count) is sent, and backward returns once everything has arrived: as
 with DDP, a collective the script issues after backward cannot interleave with the optimizer's.
@@ -114,7 +117,7 @@ class Overlap:
 
     def _ddp_alongside(self, engine) -> bool:
         """Once, at the first backward: whether a DDP model LionCub is not attached to wraps its parameters
-        (lioncub.optim.replicas); if so the hooks stop for good and step() exchanges."""
+        (lioncub.optim.replicas); if so the hooks stop for good and step() exchanges DDP's mean."""
         self._looked_for_ddp = True
         if engine.attached_to is not None or replicas.wrapping_ddp(p for b in engine.buckets for p in b.params) is None:
             return False

@@ -6,10 +6,10 @@ nothing else shows it, so the run's first compressed step (phase.py: after any d
 before it checks there too) sends one 32-byte MAX all-reduce and warns once; the result is identical on every
 rank and changes nothing.
 
-A DDP model that LionCub was not attached to (lioncub.attach_ddp) would also send its all-reduces during
-backward, from the autograd thread, on the group LionCub's communication thread uses: the two interleave in a
-different order on each rank and the ranks wait for each other for ever. So the first backward looks for one
-(`wrapping_ddp`) and, if there is one, LionCub exchanges in step() instead, with a warning.
+A DDP model that LionCub was not attached to (lioncub.attach_ddp) averages the gradients at the end of backward,
+after LionCub's overlap has exchanged the local ones, which step() would then see changed and exchange again. So
+the first backward looks for one (`wrapping_ddp`) and, if there is one, LionCub exchanges only in step(), on
+DDP's mean, with a warning.
 """
 
 from __future__ import annotations
@@ -43,10 +43,10 @@ def check(engine) -> None:
         log.warning(WARNING, engine.steps)
 
 
-DDP_WARNING = ("LionCub: the model is wrapped in DistributedDataParallel, which LionCub was not attached to: its "
-               "all-reduce would run during backward beside LionCub's exchange, so LionCub exchanges in step() "
-               "instead, after DDP's (both are paid). Call lioncub.attach_ddp(model, opt) after wrapping (LionCub "
-               "then replaces DDP's all-reduce), or build LionCub on the unwrapped model")
+DDP_WARNING = ("LionCub: the model is wrapped in DistributedDataParallel, which LionCub was not attached to: DDP "
+               "averages the gradients, then LionCub exchanges the mean in step() (both are paid). Call "
+               "lioncub.attach_ddp(model, opt) after wrapping (LionCub then replaces DDP's all-reduce), or build "
+               "LionCub on the unwrapped model")
 
 
 def wrapping_ddp(params):

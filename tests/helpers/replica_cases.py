@@ -80,3 +80,36 @@ def same_data(rank, world_size, method, overlap, shared, steps=3, dense_warmup=0
         collectives.append(opt.stats.last_collectives)
     dist.barrier()
     return dict(messages=log.messages, collectives=collectives)
+
+
+class _SumInBackward(torch.autograd.Function):
+    """Identity forward; backward all-reduces the gradient on the default group, from the autograd thread, as
+    tensor-parallel layers and SyncBatchNorm do."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, g):
+        g = g.clone()
+        dist.all_reduce(g)
+        return g
+
+
+def collectives_in_backward(rank, world_size, method, overlap, steps=4):
+    """A six-layer model whose backward all-reduces between layers, with tiny buckets (one exchange per layer on
+    LionCub's thread, during backward); returns the parameters."""
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(8, 8) for _ in range(6)])
+    opt = LionCub(layers.parameters(), lr=0.01, method=method, overlap=overlap, bucket_mb=1e-4)
+    for step in range(steps):
+        x, _ = _batch(100 * step + rank)
+        for layer in layers:
+            x = _SumInBackward.apply(torch.tanh(layer(x)))
+        opt.zero_grad()
+        x.square().mean().backward()
+        opt.step()
+    params = flat(layers.parameters())
+    return dict(params=params, replicas_equal=all(torch.equal(params, x) for x in gather(params)),
+                overlapped=opt.stats.overlapped_steps)
