@@ -41,12 +41,12 @@ class Engine:
         self.spec, self._levels_arg = spec, levels
         self.wire_dtype = str(grad_wire_dtype).removeprefix("torch.")
         self.skip_nonfinite = skip_nonfinite
+        if overlap:  # the thread sends during backward, as may the model (DDP, FSDP, SyncBatchNorm, tensor parallel)
+            process_group = own_group(process_group)
         if sharding is not None:  # a model sharded by FSDP2 (lioncub.attach_fsdp)
             self.layout = ShardedLayout(process_group, sharding)
         else:
             device = next((p.device for g in param_groups for p in g["params"]), torch.device("cpu"))
-            if overlap:  # the thread sends during backward, as may the model (DDP, SyncBatchNorm, tensor parallel)
-                process_group = own_group(process_group)
             self.layout = make_layout(process_group, hierarchical, node_size, spec, device)
         self.levels = spec.resolve_levels(self.layout.voters, levels)
         self.schedule = schedules.resolve(momentum_sync)
