@@ -33,13 +33,22 @@ def group_rank_size(group=None) -> tuple[int, int]:
     return dist.get_rank(group), dist.get_world_size(group)
 
 
+_OWN: dict = {}  # ranks -> (the world it was made in, the group)
+
+
 def own_group(group=None):
-    """A process group of the same ranks as `group` (default: the world) for one user's collectives alone, or
-    `group` itself with one rank or none. Every rank of `group` must call it, in the same order as its other
-    process groups are made."""
+    """A process group of the same ranks as `group` (default: the world) that only LionCub sends on, or `group`
+    itself with one rank or none. Made once per set of ranks in a process group's life (each Gloo group holds its
+    own sockets and threads), so every rank of `group` must first ask for it together, in the same order as its
+    other process groups are made."""
     if group_rank_size(group)[1] <= 1:
         return group
-    return dist.new_group(ranks=dist.get_process_group_ranks(group or dist.group.WORLD))
+    ranks = tuple(dist.get_process_group_ranks(group or dist.group.WORLD))
+    world, made = _OWN.get(ranks, (None, None))
+    if world is not dist.group.WORLD:  # (none yet, or one of a world that was destroyed since)
+        made = dist.new_group(ranks=list(ranks))
+        _OWN[ranks] = dist.group.WORLD, made
+    return made
 
 
 _TIMES: dict[str, list] | None = None  # name -> [calls, seconds], while record_call_times is on

@@ -8,8 +8,8 @@ is copied into LionCub's bucket by LionCub's hook, which runs before DDP's, so t
 to LionCub without DDP, and DDP's bucketing (and its rebuild after the first iteration),
 `gradient_as_bucket_view`, `static_graph` and `find_unused_parameters` do not matter. DDP's `no_sync()` is
 honoured: backward passes inside it start no exchange. LionCub communicates on its own process group (same
-ranks, created here): DDP's own collectives (the unused-parameter map, buffer broadcasts) run on DDP's
-group from the autograd thread, and the two must never interleave on one communicator.
+ranks, lioncub.comm.transport.own_group): DDP's own collectives (the unused-parameter map, buffer broadcasts)
+run on DDP's group from the autograd thread, and the two must never interleave on one communicator.
 
 What stays in `.grad` after backward is each rank's own (local, not averaged) gradient, which frameworks
 may clip or log: the update does not depend on it. Lion's update has magnitude lr whatever the gradient's
@@ -61,9 +61,8 @@ def attach_ddp(ddp_model, opt) -> None:
     if mine != theirs:
         raise ValueError(f"the optimizer's parameters ({len(mine)}) are not the DDP model's trainable parameters "
                          f"({len(theirs)}): build LionCub on model.parameters() of the model DDP wraps")
-    import torch.distributed as dist
+    from lioncub.comm.transport import own_group
 
     ddp_model.register_comm_hook(None, _no_allreduce)
     # (a LionCub built before the framework initialised torch.distributed learns its world size here)
-    engine.attach(ddp_model, dist.new_group(dist.get_process_group_ranks(ddp_model.process_group)),
-                  lambda: ddp_model.require_backward_grad_sync)
+    engine.attach(ddp_model, own_group(ddp_model.process_group), lambda: ddp_model.require_backward_grad_sync)

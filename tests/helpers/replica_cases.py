@@ -4,29 +4,14 @@ wrapped in torch DDP that LionCub was not attached to, or every rank reading the
 from __future__ import annotations
 
 import copy
-import logging
 
 import torch
 import torch.distributed as dist
 from dist_cases import flat, gather
+from safe_cases import listen
 
 from lioncub import LionCub
 from lioncub.optim import Lion
-
-
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__()
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage())
-
-
-def _listen() -> _Records:
-    h = _Records()
-    logging.getLogger("lioncub").addHandler(h)
-    return h
 
 
 def _net(seed: int = 0):
@@ -42,7 +27,7 @@ def _batch(seed: int):
 def ddp_without_attach(rank, world_size, method, runs=3, steps=3):
     """`runs` times: a model wrapped in DDP, LionCub (overlap on) built on its parameters, never attached; every
     rank its own data. Beside it, plain Lion on a copy, fed the gradients DDP averaged."""
-    log = _listen()
+    log = listen()
     out = []
     for run in range(runs):
         net = _net(run)
@@ -68,7 +53,7 @@ def ddp_without_attach(rank, world_size, method, runs=3, steps=3):
 def same_data(rank, world_size, method, overlap, shared, steps=3, dense_warmup=0):
     """`steps` steps with every rank reading the same batches (`shared`) or its own; the warnings and each step's
     collectives."""
-    log = _listen()
+    log = listen()
     net = _net()
     opt = LionCub(net.parameters(), lr=0.01, method=method, overlap=overlap, dense_warmup=dense_warmup)
     collectives = []
@@ -113,3 +98,14 @@ def collectives_in_backward(rank, world_size, method, overlap, steps=4):
     params = flat(layers.parameters())
     return dict(params=params, replicas_equal=all(torch.equal(params, x) for x in gather(params)),
                 overlapped=opt.stats.overlapped_steps)
+
+
+def own_groups(rank, world_size):
+    """The group two overlapping optimizers send on, and a non-overlapping one's."""
+    a = LionCub(_net().parameters(), lr=0.01, overlap=True)
+    b = LionCub(_net().parameters(), lr=0.01, overlap=True)
+    c = LionCub(_net().parameters(), lr=0.01, overlap=False)
+    world = dist.group.WORLD
+    return dict(shared=a.process_group is b.process_group, own=a.process_group is not world,
+                plain_on_world=c.process_group in (None, world),
+                ranks=dist.get_process_group_ranks(a.process_group))

@@ -38,7 +38,7 @@ def replicas_equal(t):
     return all(torch.equal(x, t) for x in gather(t))
 
 
-class _Records(logging.Handler):
+class Records(logging.Handler):
     def __init__(self):
         super().__init__()
         self.messages = []
@@ -47,8 +47,8 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def _listen():
-    h = _Records()
+def listen():
+    h = Records()
     logging.getLogger("lioncub").addHandler(h)
     return h
 
@@ -65,7 +65,7 @@ def _layout(method):
 def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=0):
     """Clip with opt.clip_grad_norm_ each step; return the norms, the reference norms computed from every
     rank's gradients, parameters and overlap figures."""
-    log = _listen()
+    log = listen()
     net = model()
     method, layout = _layout(method)
     opt = LionCub(net.parameters(), lr=LR, method=method, overlap=overlap, bucket_mb=BUCKET_MB,
@@ -240,7 +240,7 @@ def ckpt_train(rank, world_size, path, steps, method="vote-1bit", save=True, res
 
     net = model()
     opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB, momentum_sync=None)
-    log = _listen()
+    log = listen()
     first = 1
     if resume:
         checkpoint.load(path, net, opt)
@@ -258,7 +258,7 @@ def ckpt_loaded(rank, world_size, path, method="vote-1bit"):
 
     net = model()
     opt = LionCub(net.parameters(), lr=LR, method=method, bucket_mb=BUCKET_MB)
-    log = _listen()
+    log = listen()
     info = checkpoint.load(path, net, opt)
     return dict(params=flat(net.parameters()), momenta=momenta(opt, net), step=opt.engine.steps, info=info,
                 messages=log.messages, stats_steps=opt.stats.steps)

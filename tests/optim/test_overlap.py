@@ -52,3 +52,8 @@ def test_a_model_that_communicates_in_backward_trains_as_without_overlap(method)
     for a, b in zip(over, plain):
         assert torch.equal(a["params"], b["params"]) and a["replicas_equal"]
         assert a["overlapped"] == 4 and b["overlapped"] == 0
+
+
+def test_overlapping_optimizers_share_one_group_of_their_own():
+    for r in spawn(replica_cases.own_groups, 2, timeout=120):
+        assert r == dict(shared=True, own=True, plain_on_world=True, ranks=[0, 1])
