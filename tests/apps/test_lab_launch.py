@@ -237,3 +237,26 @@ def test_cli_run_reports_a_failing_rank():
     out = cli("lab", "run", "--ranks", "2", "--", sys.executable, "-c",
               "import os, sys; sys.exit(3 if os.environ['RANK'] == '1' else 0)")
     assert out.returncode == 1 and "rank 1 (host 1) exited with code 3" in out.stderr, out.stderr
+
+
+def test_a_signal_waits_until_the_ranks_are_polled():
+    """The Lab's handler raises KeyboardInterrupt; raised inside Popen.poll it would leave the wait lock taken and the
+    teardown's wait() blocked for ever (CI saw the owner never exit after SIGTERM). Held off, it lands after."""
+    from lioncub.apps.lab import launch
+
+    seen = []
+
+    def handler(signum, frame):
+        seen.append("handled")
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with launch._signals_held():
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(0.05)
+                seen.append("inside")
+        assert seen == ["inside", "handled"]
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -15,6 +15,7 @@ stderr. Ranks also get SIGKILL from the kernel if the launcher itself dies (PR_S
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -172,7 +173,8 @@ def _result(logs: Path, rank: int, host: int, returncode: int) -> RankResult:
 def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        codes = [p.poll() for p in procs]
+        with _signals_held():
+            codes = [p.poll() for p in procs]
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             # several ranks may fail in one poll: the one killed by a signal is the cause, the rest
@@ -195,7 +197,24 @@ def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None
         time.sleep(0.02)
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait until the block ends (then the Lab's handler raises there). Raised inside
+    Popen.poll, between its taking and releasing its wait lock, it leaves the lock taken, and the teardown's wait()
+    then blocks for ever (seen once in CI: the owner, sent SIGTERM, never exited)."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
 def _kill_all(procs) -> None:
+    with _signals_held():
+        _reap(procs)
+
+
+def _reap(procs) -> None:
     for p in procs:
         if p.poll() is None:
             try:
