@@ -15,7 +15,6 @@ stderr. Ranks also get SIGKILL from the kernel if the launcher itself dies (PR_S
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import os
@@ -173,8 +172,7 @@ def _result(logs: Path, rank: int, host: int, returncode: int) -> RankResult:
 def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None:
     deadline = None if timeout is None else time.monotonic() + timeout
     while True:
-        with _signals_held():
-            codes = [p.poll() for p in procs]
+        codes = [p.poll() for p in procs]
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:
             # several ranks may fail in one poll: the one killed by a signal is the cause, the rest
@@ -197,24 +195,7 @@ def _wait(procs, logs: Path, ranks_per_host: int, timeout: float | None) -> None
         time.sleep(0.02)
 
 
-@contextlib.contextmanager
-def _signals_held():
-    """SIGINT and SIGTERM wait until the block ends (then the Lab's handler raises there). Raised inside
-    Popen.poll, between its taking and releasing its wait lock, it leaves the lock taken, and the teardown's wait()
-    then blocks for ever (seen once in CI: the owner, sent SIGTERM, never exited)."""
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
 def _kill_all(procs) -> None:
-    with _signals_held():
-        _reap(procs)
-
-
-def _reap(procs) -> None:
     for p in procs:
         if p.poll() is None:
             try:
@@ -222,4 +203,18 @@ def _reap(procs) -> None:
             except (ProcessLookupError, PermissionError):
                 pass
     for p in procs:
-        p.wait()
+        _reap(p)
+
+
+def _reap(p, patience: float = 5.0) -> None:
+    """Wait for a killed rank. Popen.wait blocks for ever on Popen's wait lock if a signal handler (the Lab's, which
+    raises KeyboardInterrupt) fired inside Popen.poll after the lock was taken (seen once in CI: the owner, sent
+    SIGTERM, never exited); then reap the process directly."""
+    try:
+        p.wait(timeout=patience)
+    except subprocess.TimeoutExpired:
+        try:
+            p.returncode = os.waitstatus_to_exitcode(os.waitpid(p.pid, 0)[1])
+        except ChildProcessError:  # (reaped meanwhile)
+            p.returncode = -signal.SIGKILL
+
