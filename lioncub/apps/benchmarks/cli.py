@@ -114,6 +114,14 @@ def _convergence_arguments(p) -> None:
                    help="--grid: start no run predicted (from a finished run of its kind) to end after this time")
 
 
+def _pool_arguments(p) -> None:
+    p.add_argument("files", nargs="+", metavar="RUN.json", help="`lioncub bench train --json` outputs")
+    p.add_argument("--model", help="only this model's rows")
+    p.add_argument("--plot", metavar="PNG", help="write each configuration's speedup against compute per step here")
+    p.add_argument("--configs", help="--plot: only these methods (comma-separated, e.g. vote-1bit,l1-pbit)")
+    p.add_argument("--json", action="store_true")
+
+
 # name -> (options, module of this package, its run function, help)
 BENCHES = {
     "step": (_step_arguments, "step", "run", "optimizer step per method on Gloo ranks vs a local Lion step"),
@@ -123,6 +131,8 @@ BENCHES = {
               "every method on the lab: speedup, loss, bytes, predicted vs measured (root)"),
     "convergence": (_convergence_arguments, "convergence_map", "run_convergence",
                     "every method's loss curve against the baseline on local ranks (PNG + table)"),
+    "pool": (_pool_arguments, "pooled", "run",
+             "several `bench train` runs pooled: each row's median and range, with the compute per step"),
 }
 
 
