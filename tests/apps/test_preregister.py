@@ -4,6 +4,7 @@ refuses, the report per level, and the committed pre-registration."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 
 import pytest
@@ -138,3 +139,50 @@ def test_the_committed_preregistration_covers_every_level_and_its_regimes_were_f
     again = preregister.register({k: p[k] for k in ("protocol", "sets", "issue")}, preregister.seen_regimes(
         [json.loads((REPO / m).read_text()) for m in p["seen_maps"]]), today=p["written"])
     assert again["calls"] == p["calls"] and again["prescriptions"] == p["prescriptions"]
+
+
+def _binomial_tail(hits, n, p):
+    return sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1))
+
+
+@pytest.mark.parametrize("hits, n", [(3, 3), (29, 29), (9, 10), (7, 9), (1, 5)])
+def test_the_lower_bound_is_where_so_many_hits_become_unlikely(hits, n):
+    b = preregister.lower_bound(hits, n)
+    if hits == n:
+        assert b == pytest.approx(0.05 ** (1 / n), abs=1e-9)  # P(all n hold) = b^n = alpha
+    assert _binomial_tail(hits, n, b) == pytest.approx(0.05, abs=1e-9)
+    assert _binomial_tail(hits, n, b + 0.01) > 0.05
+    assert preregister.lower_bound(0, 4) == 0.0 and preregister.lower_bound(0, 0) is None
+    assert preregister.lower_bound(9, 10) == pytest.approx(0.6058, abs=1e-4)  # the tabled Clopper-Pearson bound
+
+
+def test_fisher_counts_every_split_of_the_hits_at_least_as_extreme():
+    # low 3 of 3, medium and high 7 of 9: the two misses both among the 9 others: C(9, 2) / C(12, 2)
+    assert preregister.fisher_greater(3, 3, 7, 9) == pytest.approx(36 / 66)
+    # enumerate the hypergeometric directly for an uneven case
+    a_hits, a_n, b_hits, b_n = 5, 6, 2, 7
+    hits, total = a_hits + b_hits, a_n + b_n
+    brute = sum(math.comb(a_n, k) * math.comb(b_n, hits - k) for k in range(hits + 1) if k >= a_hits and
+                hits - k <= b_n) / math.comb(total, hits)
+    assert preregister.fisher_greater(a_hits, a_n, b_hits, b_n) == pytest.approx(brute)
+    assert preregister.fisher_greater(1, 1, 0, 0) is None
+
+
+def _entry(low, medium, high):
+    level = lambda hits, n: dict(complete=n, within_2pct=hits, share=hits / n if n else None)
+    return dict(levels=dict(low=level(*low), medium=level(*medium), high=level(*high)),
+                base_rate=dict(complete=low[1] + medium[1] + high[1]))
+
+
+def test_the_verdict_says_when_the_levels_carry_no_information():
+    v = preregister.verdict(_entry((3, 3), (3, 4), (4, 5)))  # the cpu set of 2026-11-27
+    assert not v["low_shown"] and not v["levels_shown"] and v["levels_p"] == pytest.approx(36 / 66)
+    line = preregister._verdict_line("cpu", dict(_entry((3, 3), (3, 4), (4, 5)), verdict=v))
+    assert "p = 0.55" in line and "carry no information" in line and "does not show >= 90%" in line
+    shown = preregister.verdict(_entry((30, 30), (5, 15), (3, 15)))
+    assert shown["low_shown"] and shown["levels_shown"] and shown["levels_p"] < 1e-6
+    text = preregister._verdict_line("all", dict(_entry((30, 30), (5, 15), (3, 15)), verdict=shown))
+    assert text.endswith("shown.") and "shows >= 90%" in text
+    alone = preregister.verdict(_entry((2, 2), (0, 0), (0, 0)))
+    assert alone["levels_p"] is None
+    assert "nothing compares" in preregister._verdict_line("x", dict(_entry((2, 2), (0, 0), (0, 0)), verdict=alone))

@@ -13,7 +13,10 @@ many have their registered seeds, how many of those are within 2% of the allredu
 registered seeds of each seed's final-loss ratio, <= 1.02), the share, and the seeds' standard errors (median and
 largest); the base rate (the share within 2% over every complete call, whatever its level); and the
 prescriptions, measured. Seeds beyond the registered ones are not counted. The fit must be the one the calls were
-made with (its digest is in the file).
+made with (its digest is in the file). And whether the levels say anything (`verdict`): low's share with its
+one-sided 95% lower bound (Clopper-Pearson), against the >= 90% the rule promises, and a one-sided Fisher exact test
+that low calls hold more often than medium and high ones; where it fails, the report says that these calls do not
+show the levels to carry information.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from . import risk_rule
 
 LEVELS = ("low", "medium", "high")
 WITHIN = 1.02  # a call holds if the mean ratio to the baseline is at most this
+PROMISE = 0.90  # the share of low calls within 2% the rule is to reach
+ALPHA = 0.05  # one-sided level of the verdict's bound and test
 SET_KEYS = ("name", "model", "steps", "regimes", "configs", "seeds", "min_seeds", "setup", "where")
 
 
@@ -162,6 +167,43 @@ def _summary(rows: list[dict]) -> dict:
                 se_median=statistics.median(ses) if ses else None, se_max=max(ses) if ses else None)
 
 
+def lower_bound(hits: int, n: int, alpha: float = ALPHA) -> float | None:
+    """One-sided (1 - alpha) Clopper-Pearson lower bound of a share seen as `hits` of `n` (None for n = 0): the p at
+    which at least `hits` successes have probability alpha."""
+    if n <= 0:
+        return None
+    if hits <= 0:
+        return 0.0
+    lo, hi = 0.0, hits / n
+    for _ in range(60):
+        p = (lo + hi) / 2
+        tail = sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1))
+        lo, hi = (p, hi) if tail < alpha else (lo, p)
+    return (lo + hi) / 2
+
+
+def fisher_greater(a_hits: int, a_n: int, b_hits: int, b_n: int) -> float | None:
+    """One-sided p of Fisher's exact test that group a holds more often than group b: the chance, given the
+    margins, that a gets at least `a_hits` of all the hits (None when a group is empty)."""
+    if a_n <= 0 or b_n <= 0:
+        return None
+    hits, total = a_hits + b_hits, a_n + b_n
+    return sum(math.comb(a_n, k) * math.comb(b_n, hits - k)
+               for k in range(a_hits, min(a_n, hits) + 1)) / math.comb(total, hits)
+
+
+def verdict(entry: dict) -> dict:
+    """What a set's (or all sets') complete calls show: low's share and its lower bound against PROMISE, medium
+    and high together, and Fisher's p that low holds more often than they do."""
+    low, levels = entry["levels"]["low"], entry["levels"]
+    n_other = levels["medium"]["complete"] + levels["high"]["complete"]
+    h_other = levels["medium"]["within_2pct"] + levels["high"]["within_2pct"]
+    bound = lower_bound(low["within_2pct"], low["complete"])
+    p = fisher_greater(low["within_2pct"], low["complete"], h_other, n_other)
+    return dict(low_share=low["share"], low_lower_bound=bound, low_shown=bound is not None and bound >= PROMISE,
+                other_calls=n_other, other_within_2pct=h_other, levels_p=p, levels_shown=p is not None and p <= ALPHA)
+
+
 def report(prereg: dict, maps: dict[str, dict], tuned: dict | None = None) -> dict:
     """Per set and in all, per level: calls, complete, within 2%, share, seeds' standard errors; the base rate;
     the prescriptions. maps: model -> merged map; tuned: model -> the lr its regimes' x multiplies (default its
@@ -189,11 +231,29 @@ def report(prereg: dict, maps: dict[str, dict], tuned: dict | None = None) -> di
         mine = [r for r in calls if name is None or r["set"] == name]
         entry = dict(levels={lv: _summary([r for r in mine if r["level"] == lv]) for lv in LEVELS},
                      base_rate=_summary(mine))
+        entry["verdict"] = verdict(entry)
         if name is None:
             out["all"] = entry
         else:
             out["sets"][name] = entry
     return out
+
+
+def _verdict_line(name: str, entry: dict) -> str:
+    v, low = entry["verdict"], entry["levels"]["low"]
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f}%"
+
+    said = (f"{name}: low {low['within_2pct']} of {low['complete']} within 2% ({pct(v['low_share'])}; one-sided "
+            f"{100 * (1 - ALPHA):.0f}% lower bound {pct(v['low_lower_bound'])}: "
+            + ("shows" if v["low_shown"] else "does not show") + f" >= {pct(PROMISE)}); medium and high "
+            f"{v['other_within_2pct']} of {v['other_calls']}")
+    if v["levels_p"] is None:
+        return said + ": no complete medium or high call, so nothing compares the levels."
+    return said + (f"; low holds more often than medium and high: one-sided Fisher exact p = {v['levels_p']:.2f}, "
+                   + ("shown." if v["levels_shown"] else "not shown by these calls: so far the levels carry no "
+                                                          "information."))
 
 
 def format_report(rep: dict) -> str:
@@ -209,6 +269,8 @@ def format_report(rep: dict) -> str:
         for lv, x in [*entry["levels"].items(), ("base rate (every level)", entry["base_rate"])]:
             lines.append(f"| {name} | {lv} | {x['calls']} | {x['complete']} | {x['within_2pct']} | {pct(x['share'])} "
                          f"| {se(x['se_median'])} / {se(x['se_max'])} |")
+    lines += ["", *(_verdict_line(name, entry) for name, entry in [*rep["sets"].items(), ("all", rep["all"])]
+                    if entry["base_rate"]["complete"])]
     lines += ["", "| set | regime | configuration | kind | level | seeds | measured vs allreduce | SE | within 2% |",
               "|---|---|---|---|---|---:|---:|---:|---|"]
     for r in rep["cells"]:
@@ -217,3 +279,4 @@ def format_report(rep: dict) -> str:
         lines.append(f"| {r['set']} | {r['regime']} | {r['config']} | {r['kind']} | {r['level']} | {len(r['seeds'])} "
                      f"| {meas} | {se(r['se'])} | {ok} |")
     return "\n".join(lines)
+
