@@ -14,7 +14,8 @@ their compute drifts apart within a step as it does between steps (`HostModel.dr
 its turns unevenly). A bucket's exchange starts once the latest of its members has made it ready, so
 the thread waits for the representative rank's readiness plus that lag (`StepSim.lag`, for the step's time so
 far); and until the latest rank has finished backward the host's cores are as busy as during it: a woken thread
-of the representative rank waits for its turn although its own backward is over (`Cores.behind_until`).
+of the representative rank waits for its turn although its own backward is over, as likely as the latest is
+still at it (`Cores.still_computing`: the ranks' ends of backward scatter about the representative's).
 
 A collective is the network's time for it (simulated once, on an idle network, as everywhere in the step
 model), cut at each wait of its critical path (`HostModel.waits`: where a member's thread blocks until a
@@ -37,7 +38,7 @@ import simpy
 
 from lioncub.comm import wire
 
-from .hosts import Cores, HostModel, harmonic
+from .hosts import Cores, HostModel, expected_max, harmonic
 
 HOP_PROBE = 1e-6  # seconds added to every latency to count the latencies on a collective's critical path
 WAIT_PIECES = 64  # at most this many moments at which a call's waits look at the cores (run_call)
@@ -129,7 +130,8 @@ class StepSim:
             self.ready_at.append(env.now)
             self.ready[j].succeed()
         self.marks["backward"] = env.now
-        self.cores.behind_until = env.now + self.lag(env.now)
+        spread = self.lag(env.now) / expected_max(self.members) if self.members > 1 else 0.0
+        self.cores.behind = (env.now, spread, self.members)
         if self.overlap:
             yield self.comm_done
         else:

@@ -287,7 +287,9 @@ class Cores:
         self.gen = 0
         self.ids = 0
         self.busy = 0.0  # device-seconds done by the simulated rank's jobs (for utilisation)
-        self.behind_until = 0.0  # until then the host's latest rank still computes (StepSim.lag)
+        # the ranks behind the simulated one (StepSim sets it at its end of backward): (that moment, the spread of
+        # the ranks' ends of backward about it, how many ranks); (0, 0, 1): none
+        self.behind = (0.0, 0.0, 1)
 
     def rate(self) -> float:
         return self.host.share(len(self.jobs) * self.weight)
@@ -298,15 +300,23 @@ class Cores:
         others = (len(self.jobs) - own) * self.weight + self.host.background
         return min(1.0, max(0.0, others - self.host.cores + 1.0))
 
+    def still_computing(self) -> float:
+        """The chance that the latest of the ranks still computes its backward now: their ends scatter normally
+        about the simulated rank's, so that of m ranks the latest is 1 - Phi(t / spread)^m likely to be still at
+        it t seconds after (its mean lateness is StepSim.lag)."""
+        start, spread, m = self.behind
+        if spread <= 0 or m <= 1:
+            return 0.0
+        return 1.0 - (0.5 * math.erfc(-(self.env.now - start) / (spread * math.sqrt(2)))) ** m
+
     def turn_wait(self, own: int = 0) -> float:
         """The share of `wake` a thread of the simulated rank waits when it wakes now (HostModel `groups`);
         `own`: its own jobs among the running ones."""
-        behind = 1 if self.env.now < self.behind_until else 0  # a rank still computing, as the representative did
+        behind = self.still_computing()  # a rank still computing, as the representative did: its chance
         if not self.host.groups:
-            return self.saturation(own - behind)
-        if len(self.jobs) - own + behind <= 0:
-            return 0.0
-        return min(1.0, max(0.0, self.weight + self.host.background - self.host.cores + 1.0))
+            return behind * self.saturation(own - 1) + (1.0 - behind) * self.saturation(own)
+        busy = 1.0 if len(self.jobs) - own > 0 else behind
+        return busy * min(1.0, max(0.0, self.weight + self.host.background - self.host.cores + 1.0))
 
     def run(self, work: float) -> simpy.Event:
         ev = self.env.event()

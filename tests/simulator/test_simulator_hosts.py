@@ -3,6 +3,7 @@ the step as processes on a host, and the intervals. Oracles: closed forms writte
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -455,23 +456,31 @@ def test_an_exchange_waits_for_the_latest_ranks_readiness_within_the_step(overla
 
 
 @pytest.mark.parametrize("groups", [True, False])
-def test_the_cores_stay_busy_until_the_latest_rank_has_finished_backward(groups):
+def test_the_cores_stay_busy_as_long_as_the_latest_rank_may_still_compute_backward(groups):
     from lioncub.simulator.contention import run_call
 
-    # the representative rank's own backward is over and nothing of it runs; a rank behind it still computes
-    # until 15 ms: the call's waits before then cost a wake, as in the test above (24 ms); none after it (4 ms)
+    # the representative rank's own backward is over and nothing of it runs; the ranks behind it end theirs
+    # about `start` with a normal spread: a wait costs the wake times the chance that the latest of m has not
     host = HostModel(cores=2, shared_by="cluster", wake=10e-3, waits_by="gloo", groups=groups)
-    call = Call("x", "ring", 24, 4e-3, hops=1, members=2, bytes=0, op="allreduce", buffer=2**20)
 
-    def one(behind):
+    def one(behind, members=2):
+        call = Call("x", "ring", 24, 4e-3, hops=1, members=members, bytes=0, op="allreduce", buffer=2**20)
         env = simpy.Environment()
         cores = Cores(env, host, 2)
-        cores.behind_until = behind
+        cores.behind = behind
 
         def run():
             yield from run_call(env, cores, host, call)
             return env.now
         return env.run(until=env.process(run()))
 
-    assert one(15e-3) == pytest.approx(24e-3)
-    assert one(0.0) == pytest.approx(4e-3)
+    # a spread of nothing: busy until 15 ms (the call's waits before then cost a wake each, 24 ms), none after
+    assert one((15e-3, 1e-12, 4)) == pytest.approx(24e-3)
+    assert one((0.0, 1e-12, 4)) == pytest.approx(4e-3)
+    assert one((0.0, 0.0, 1)) == pytest.approx(4e-3)  # nobody behind
+    # a one-member call waits once, at its end (4 ms): there the latest of 4 ranks ending about 4 ms (2 ms sd)
+    # is still computing with probability 1 - 0.5^4
+    assert one((4e-3, 2e-3, 4), members=1) == pytest.approx(4e-3 + 10e-3 * (1 - 0.5 ** 4))
+    # 1 ms later the chance is 1 - Phi(0.5)^4
+    phi = 0.5 * math.erfc(-0.5 / math.sqrt(2))
+    assert one((3e-3, 2e-3, 4), members=1) == pytest.approx(4e-3 + 10e-3 * (1 - phi ** 4))
