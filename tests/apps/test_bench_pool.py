@@ -77,7 +77,7 @@ def test_the_command_prints_the_table_and_draws_the_speedup_against_compute(thre
     assert [g["speedup"]["median"] for g in groups] == [1.0, 7.0]
 
 
-@pytest.mark.parametrize("content, says", [(None, "No such file"), ("{", "not JSON"),
+@pytest.mark.parametrize("content, says", [(None, "No such file"), ("{", "not valid JSON"),
                                            ('{"runs": []}', "not a `lioncub bench train --json` result")])
 def test_bad_files_get_one_line(tmp_path, capsys, content, says):
     path = tmp_path / "x.json"

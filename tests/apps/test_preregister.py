@@ -177,12 +177,12 @@ def _entry(low, medium, high):
 def test_the_verdict_says_when_the_levels_carry_no_information():
     v = preregister.verdict(_entry((3, 3), (3, 4), (4, 5)))  # the cpu set of 2026-11-27
     assert not v["low_shown"] and not v["levels_shown"] and v["levels_p"] == pytest.approx(36 / 66)
-    line = preregister._verdict_line("cpu", dict(_entry((3, 3), (3, 4), (4, 5)), verdict=v))
+    line = preregister.verdict_line("cpu", dict(_entry((3, 3), (3, 4), (4, 5)), verdict=v))
     assert "p = 0.55" in line and "carry no information" in line and "does not show >= 90%" in line
     shown = preregister.verdict(_entry((30, 30), (5, 15), (3, 15)))
     assert shown["low_shown"] and shown["levels_shown"] and shown["levels_p"] < 1e-6
-    text = preregister._verdict_line("all", dict(_entry((30, 30), (5, 15), (3, 15)), verdict=shown))
+    text = preregister.verdict_line("all", dict(_entry((30, 30), (5, 15), (3, 15)), verdict=shown))
     assert text.endswith("shown.") and "shows >= 90%" in text
     alone = preregister.verdict(_entry((2, 2), (0, 0), (0, 0)))
     assert alone["levels_p"] is None
-    assert "nothing compares" in preregister._verdict_line("x", dict(_entry((2, 2), (0, 0), (0, 0)), verdict=alone))
+    assert "nothing compares" in preregister.verdict_line("x", dict(_entry((2, 2), (0, 0), (0, 0)), verdict=alone))

@@ -239,7 +239,7 @@ def report(prereg: dict, maps: dict[str, dict], tuned: dict | None = None) -> di
     return out
 
 
-def _verdict_line(name: str, entry: dict) -> str:
+def verdict_line(name: str, entry: dict) -> str:
     v, low = entry["verdict"], entry["levels"]["low"]
 
     def pct(x):
@@ -269,7 +269,7 @@ def format_report(rep: dict) -> str:
         for lv, x in [*entry["levels"].items(), ("base rate (every level)", entry["base_rate"])]:
             lines.append(f"| {name} | {lv} | {x['calls']} | {x['complete']} | {x['within_2pct']} | {pct(x['share'])} "
                          f"| {se(x['se_median'])} / {se(x['se_max'])} |")
-    lines += ["", *(_verdict_line(name, entry) for name, entry in [*rep["sets"].items(), ("all", rep["all"])]
+    lines += ["", *(verdict_line(name, entry) for name, entry in [*rep["sets"].items(), ("all", rep["all"])]
                     if entry["base_rate"]["complete"])]
     lines += ["", "| set | regime | configuration | kind | level | seeds | measured vs allreduce | SE | within 2% |",
               "|---|---|---|---|---|---:|---:|---:|---|"]

@@ -14,7 +14,9 @@ import math
 import statistics
 import sys
 
-from .train import _label
+from lioncub.files import read_json
+
+from .train import row_label
 
 
 def load(paths: list[str]) -> list[tuple[str, dict, dict]]:
@@ -22,13 +24,7 @@ def load(paths: list[str]) -> list[tuple[str, dict, dict]]:
     errors for a missing file or one that is not a `bench train` JSON."""
     out = []
     for path in paths:
-        try:
-            with open(path) as f:
-                data = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"{path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not JSON ({exc.msg}, line {exc.lineno})") from None
+        data = read_json(path, "bench train result")
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list) or not all(isinstance(r, dict) and "rows" in r for r in results):
             raise ValueError(f"{path}: not a `lioncub bench train --json` result (no results with rows)")
@@ -39,7 +35,7 @@ def load(paths: list[str]) -> list[tuple[str, dict, dict]]:
 
 
 def _row_label(row: dict) -> str:
-    label = _label(row["method"], row.get("momentum_sync", "none"), row.get("hierarchical", False))
+    label = row_label(row["method"], row.get("momentum_sync", "none"), row.get("hierarchical", False))
     return label + (" in DDP" if row.get("ddp_hook") else "")
 
 

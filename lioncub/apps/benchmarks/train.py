@@ -54,7 +54,7 @@ def _configuration(method: str):
     return configuration(split_local(method)[0])
 
 
-def _label(method, sync, hier) -> str:
+def row_label(method, sync, hier) -> str:
     return f"{method}@{sync}{HIER if hier else ''}"
 
 
@@ -126,7 +126,7 @@ def bench_train(bandwidths, ranks=4, steps=100, configs=None, model="char-small"
         _compare(rows, base)
         results.append(dict(bandwidth=bw, ranks=ranks, ranks_per_host=ranks_per_host, steps=steps, rows=rows,
                             congestion_control=congestion,
-                            baseline=_label(base["method"], base["momentum_sync"], base["hierarchical"]),
+                            baseline=row_label(base["method"], base["momentum_sync"], base["hierarchical"]),
                             compute_seconds=compute, host=host["host"], forecast_error=host["forecast_error"],
                             held_out=host["held_out"], codec_bandwidth=host["codec_bandwidth"], host_raw=host["raw"],
                             baseline_comm_fraction=max(0.0, 1 - compute / base["mean_step_seconds"])))
@@ -172,7 +172,7 @@ def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks
                              ranks_per_host=ranks_per_host, progress=sys.stderr.isatty(), lab=lab,
                              compute_seconds=compute, profile=profile)
         except LabError as exc:
-            print(f"  {bw} {_label(method, sync, hier)}: FAILED: {exc}", file=sys.stderr, flush=True)
+            print(f"  {bw} {row_label(method, sync, hier)}: FAILED: {exc}", file=sys.stderr, flush=True)
             failed.append(dict(bandwidth=bw, method=method, momentum_sync=sync, hierarchical=hier,
                                error=str(exc)[:2000]))
             continue
@@ -190,7 +190,7 @@ def _train_rows(lab, runs, bw, rate, wire_eff, measured, failed, *, ranks, ranks
                                      "mean_optimizer_seconds", "start_wait_seconds", "local_steps", "fragments",
                                      "outer_delay")},
             limit_seconds=limit))
-        print(f"  {bw} {_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
+        print(f"  {bw} {row_label(method, sync, hier)}{' in DDP' if hooked else ''}: "
               f"{1e3 * s['mean_step_seconds']:.1f} ms, loss {s['final_loss']:.4f}", file=sys.stderr, flush=True)
     return rows
 
