@@ -279,4 +279,3 @@ def format_report(rep: dict) -> str:
         lines.append(f"| {r['set']} | {r['regime']} | {r['config']} | {r['kind']} | {r['level']} | {len(r['seeds'])} "
                      f"| {meas} | {se(r['se'])} | {ok} |")
     return "\n".join(lines)
-
