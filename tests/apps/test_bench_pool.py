@@ -58,6 +58,17 @@ def test_rows_are_kept_apart_by_link_rate_layout_and_model(tmp_path):
                     ("char-tiny", "100Mbit", "vote-1bit@none", 1)]
 
 
+def test_the_plot_pairs_each_run_s_own_compute_and_speedup(tmp_path):
+    # one run without a calibrated compute, one without a speedup: only the third run has both
+    no_compute = _run(tmp_path, "a.json", None, [_row("vote-1bit", 0.2, 8.0)])
+    no_speedup = _run(tmp_path, "b.json", 0.15, [_row("vote-1bit", 0.3, None)])
+    both = _run(tmp_path, "c.json", 0.12, [_row("vote-1bit", 0.25, 7.0)])
+    (g,) = pool(load([no_compute, no_speedup, both]))
+    assert g["points"] == [(0.12, 7.0)]
+    assert g["speedup"] == dict(median=7.5, low=7.0, high=8.0) and g["compute"] == dict(median=0.135, low=0.12,
+                                                                                        high=0.15)
+
+
 def test_a_failed_row_is_left_out_and_a_run_without_forecasts_has_none(tmp_path):
     runs = [_run(tmp_path, "a.json", 0.1, [_row("vote-1bit", 0.2, 8.0)]),
             _run(tmp_path, "b.json", 0.1, [_row("vote-1bit", None, None)])]

@@ -1,7 +1,7 @@
 """`lioncub bench pool RUN.json ...`: several `bench train` runs pooled, row by row.
 
-One lab run is one draw: the same command on the same machine gave vote-1bit 6.7x to 8.8x over torch DDP + Lion
-at 100 Mbit/s, mostly because the compute per step moved (108 to 174 ms). This reports each configuration at each
+One lab run is one draw: the same command on the same machine gave vote-1bit 6.7x to 9.0x over torch DDP + Lion
+at 100 Mbit/s, mostly because the compute per step moved (86 to 174 ms). This reports each configuration at each
 link rate as the median and range over the runs given, beside the compute per step they were measured at (each
 run's calibrated compute, every rank computing), the measured step and, where the runs forecast it, the forecast's
 error; `--plot` draws each configuration's speedup against the compute per step.
@@ -57,7 +57,7 @@ def pool(runs: list[tuple[str, dict, dict]]) -> list[dict]:
             key = (data.get("model"), res.get("ranks"), res.get("ranks_per_host", 1), res["bandwidth"], label)
             g = groups.setdefault(key, dict(model=key[0], ranks=key[1], ranks_per_host=key[2], bandwidth=key[3],
                                             config=label, baseline=base, speedup=[], step=[], compute=[],
-                                            error=[], files=[]))
+                                            error=[], files=[], points=[]))
             if g["baseline"] is None:
                 g["baseline"] = base
             elif base is not None and g["baseline"] != base:
@@ -67,10 +67,13 @@ def pool(runs: list[tuple[str, dict, dict]]) -> list[dict]:
                 continue  # a row whose run failed
             g["step"].append(step)
             g["files"].append(path)
-            if isinstance(res.get("compute_seconds"), (int, float)):
-                g["compute"].append(res["compute_seconds"])
-            if isinstance(row.get("speedup"), (int, float)) and math.isfinite(row["speedup"]):
-                g["speedup"].append(row["speedup"])
+            compute, speedup = res.get("compute_seconds"), row.get("speedup")
+            if isinstance(compute, (int, float)):
+                g["compute"].append(compute)
+            if isinstance(speedup, (int, float)) and math.isfinite(speedup):
+                g["speedup"].append(speedup)
+                if isinstance(compute, (int, float)):
+                    g["points"].append((compute, speedup))  # the plot's: both from the same run
             if isinstance(pred, (int, float)) and pred > 0:
                 g["error"].append(pred / step - 1)
     out = []
@@ -80,8 +83,7 @@ def pool(runs: list[tuple[str, dict, dict]]) -> list[dict]:
         within = sum(abs(e) <= 0.10 for e in g["error"])
         out.append(dict(g, runs=len(g["step"]), speedup=_spread(g["speedup"]), step=_spread(g["step"]),
                         compute=_spread(g["compute"]), error=_spread(g["error"]), within_10pct=within,
-                        forecasts=len(g["error"]), points=list(zip(g["compute"], g["speedup"]))
-                        if len(g["compute"]) == len(g["speedup"]) else []))
+                        forecasts=len(g["error"])))
     return out
 
 
