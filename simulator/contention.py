@@ -138,7 +138,7 @@ class StepSim:
             yield from self.exchanges()
         self.marks["waited"] = env.now
         self.marks["exposed"] = env.now - self.marks["backward"]
-        yield self.cores.run(work["optimizer"])
+        yield self.cores.run(work["optimizer"], self.update_weight(work["optimizer"]))
         self.marks["update"] = env.now
         for c in self.sync:
             yield from self.collective(c)
@@ -165,6 +165,18 @@ class StepSim:
                 yield from self.collective(c)
         if self.control is not None and self.overlap:
             yield from self.collective(self.control)
+
+    def update_weight(self, u: float) -> float:
+        """The host's ranks running the update at once: the simulated rank's, and each other rank's for the share
+        of it that overlaps, their starts `start_skew` apart (they leave the last collective after wake-ups of their
+        own): E[(u - |d|)+] / u with d ~ N(0, 2 skew^2)."""
+        w, s = self.cores.weight, self.host.start_skew * math.sqrt(2.0)
+        if w <= 1 or s <= 0 or u <= 0:
+            return float(w)
+        z = u / s
+        phi = lambda x: math.exp(-x * x / 2) / math.sqrt(2 * math.pi)  # noqa: E731
+        overlap = u * math.erf(z / math.sqrt(2)) - 2 * s * (phi(0.0) - phi(z))
+        return 1.0 + (w - 1) * overlap / u
 
     def lag(self, at: float) -> float:
         """How far behind the representative rank's progress at `at` (seconds into the step) the latest of the

@@ -49,6 +49,14 @@ a training run):
   the Lion update of a compressed method; its step has no other). The rest runs on the communication thread.
   Measured by a host calibration (the apply timed on the whole model, out of the caches, as step() runs it);
   None: the whole codec on the communication thread and the Lion update in step() (profiles without it).
+* `update_seconds`: per optimizer, the seconds its step() took after a backward of the run's model with every rank
+  of the host stepping at once (as compute: `compute_work` makes device-seconds of it): "lion" (plain Lion, tensor
+  by tensor: the ddp+lion baseline's step) and each LionCub method (overlapped: the apply, bucket by bucket, the
+  agreement, the bookkeeping). Measured by a host calibration as the run's optimizer runs (a kernel timed on one
+  flat buffer with its inputs in the cache misses the calls per tensor and per bucket and the caches that backward
+  leaves cold: 0.3 ms for char-tiny's Lion update alone against 1.7-1.9 ms of plain Lion's step alone); the step
+  model's update in the flat layout, for models of `update_params` parameters (the calibrated one's) only. None:
+  the update from the kernels' speeds.
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work), beyond what every rank's step shared (a step slow on every rank at once delays
   none against the others). Ranks that run k steps without a collective (local steps) drift apart by about
@@ -100,6 +108,8 @@ class HostModel:
     waits_by: str = "latencies"
     groups: bool = False
     apply_share: tuple | None = None
+    update_seconds: tuple | None = None
+    update_params: int = 0
 
     def __post_init__(self):
         def number(name, lo=0.0, allow_none=False, positive=False):
@@ -112,22 +122,14 @@ class HostModel:
                                  f"got {v!r}")
 
         number("cores", positive=True)
-        for name in ("background", "wake", "call_cpu", "byte_cpu", "step_cv", "start_skew"):
+        for name in ("background", "wake", "call_cpu", "byte_cpu", "step_cv", "start_skew", "update_params"):
             number(name)
         number("intra_bandwidth", allow_none=True, positive=True)
         number("intra_latency", allow_none=True)
         number("call_peers", allow_none=True, positive=True)
         number("message_cpu", allow_none=True)
-        if self.apply_share is not None:
-            pairs = self.apply_share.items() if isinstance(self.apply_share, dict) else self.apply_share
-            try:
-                pairs = tuple(sorted((str(k), float(v)) for k, v in pairs))
-            except (TypeError, ValueError):
-                raise ValueError(f"host: apply_share must map method names to shares, "
-                                 f"got {self.apply_share!r}") from None
-            if not all(0.0 <= v <= 1.0 for _, v in pairs):
-                raise ValueError(f"host: apply_share's shares must be in [0, 1], got {self.apply_share!r}")
-            object.__setattr__(self, "apply_share", pairs)
+        self._mapping("apply_share", "method names to shares in [0, 1]", lambda v: 0.0 <= v <= 1.0)
+        self._mapping("update_seconds", "optimizers to non-negative seconds", lambda v: 0.0 <= v < math.inf)
         if not isinstance(self.groups, bool):
             raise ValueError(f"host: groups must be true or false, got {self.groups!r}")
         if self.waits_by not in WAITS_BY:
@@ -136,6 +138,19 @@ class HostModel:
         if not (s in SCOPES or (isinstance(s, int) and not isinstance(s, bool) and s >= 1)):
             raise ValueError(f"host: shared_by must be {' or '.join(map(repr, SCOPES))} or a number of ranks >= 1, "
                              f"got {s!r}")
+
+    def _mapping(self, name: str, what: str, ok) -> None:
+        """Field `name`, a dict (or pairs) of names to numbers, as sorted pairs; one-line errors."""
+        value = getattr(self, name)
+        if value is None:
+            return
+        try:
+            pairs = tuple(sorted((str(k), float(v)) for k, v in (value.items() if isinstance(value, dict) else value)))
+        except (TypeError, ValueError):
+            pairs = None
+        if pairs is None or not all(ok(v) for _, v in pairs):
+            raise ValueError(f"host: {name} must map {what}, got {value!r}")
+        object.__setattr__(self, name, pairs)
 
     @classmethod
     def from_dict(cls, data) -> HostModel:
@@ -151,8 +166,16 @@ class HostModel:
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
-        d["apply_share"] = None if self.apply_share is None else dict(self.apply_share)
+        for name in ("apply_share", "update_seconds"):
+            d[name] = None if d[name] is None else dict(d[name])
         return d
+
+    def update_of(self, optimizer: str, params: int) -> float | None:
+        """Seconds of `optimizer`'s step() with every rank of the host stepping ("lion": plain Lion; a LionCub
+        method) for a model of `params` parameters, if measured on that model."""
+        if self.update_seconds is None or params != self.update_params:
+            return None
+        return dict(self.update_seconds).get(optimizer)
 
     def apply_part(self, method: str) -> float | None:
         """The share of `method`'s codec work (one bucket's local work) that step() runs after the exchange."""
@@ -292,12 +315,12 @@ class Cores:
         self.behind = (0.0, 0.0, 1)
 
     def rate(self) -> float:
-        return self.host.share(len(self.jobs) * self.weight)
+        return self.host.share(sum(job[2] for job in self.jobs.values()))
 
     def saturation(self, own: int = 0) -> float:
         """1 when a thread that wakes now finds every core busy (it waits `wake`), 0 when one is free;
         in between for fractional capacities. `own`: jobs of the waking thread's own among the running ones."""
-        others = (len(self.jobs) - own) * self.weight + self.host.background
+        others = sum(job[2] for job in self.jobs.values()) - own * self.weight + self.host.background
         return min(1.0, max(0.0, others - self.host.cores + 1.0))
 
     def still_computing(self) -> float:
@@ -318,14 +341,15 @@ class Cores:
         busy = 1.0 if len(self.jobs) - own > 0 else behind
         return busy * min(1.0, max(0.0, self.weight + self.host.background - self.host.cores + 1.0))
 
-    def run(self, work: float) -> simpy.Event:
+    def run(self, work: float, weight: float | None = None) -> simpy.Event:
+        """`weight`: the host's ranks running this job at once (default all of them, `self.weight`)."""
         ev = self.env.event()
         if not work > 0:
             ev.succeed()
             return ev
         self._advance()
         self.ids += 1
-        self.jobs[self.ids] = [float(work), ev]
+        self.jobs[self.ids] = [float(work), ev, self.weight if weight is None else float(weight)]
         self._schedule()
         return ev
 

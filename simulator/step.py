@@ -238,6 +238,10 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
     times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype) \
         if voters is None else _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, voters[0].N, 0,
                                              levels, "float32")
+    if host is not None and not G and voters is None:  # the update as the run's optimizer ran it (flat layout)
+        measured = host.update_of("lion" if _is_ddp(meth, grad_dtype, bucket_mb) else meth.name, P)
+        if measured is not None:  # (alone: device-seconds)
+            times.update(optimizer=measured, measured=True)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
     buckets = _buckets(P, bucket_mb * 2**20, tensors)
     if voters is not None:
@@ -250,7 +254,7 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
     step = t["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
-    if _baseline and not (meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB):
+    if _baseline and not _is_ddp(meth, grad_dtype, bucket_mb):
         base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
                                              cache, exact)
     speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
@@ -267,6 +271,11 @@ def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_
         collectives=t["collectives"], baseline=base_dict, local_steps=local_steps,
         fragments=stream and stream[0], outer_delay=stream and stream[1],
     )
+
+
+def _is_ddp(meth, grad_dtype: str, bucket_mb: float) -> bool:
+    """Whether the step is torch DDP's with plain Lion: a dense method, fp32 gradients in DDP's buckets."""
+    return meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB
 
 
 def _sharded_step(a: dict, units, param_dtype) -> StepResult:
@@ -371,7 +380,7 @@ def _contended(ex, meth, buckets, times, overlap, K, host) -> dict:
     codecs, applied = contention.apply_split(host, meth, [codec for _, codec, _ in plan])
     if applied is not None and N > 1:  # a compressed step's apply runs in step(), after the exchange
         plan = [(e, codec, calls) for (e, _, calls), codec in zip(plan, codecs)]
-        work["optimizer"] = applied
+        work["optimizer"] = times["optimizer"] if times.get("measured") else applied
     control = None
     if not meth.dense and N > 1:
         control = contention.control_call(ex, probed, N)

@@ -85,6 +85,16 @@ def test_fit_recovers_the_host_that_generated_its_probes():
     assert speeds["update"] == pytest.approx(20 * 4000 / 1e-4)
 
 
+def test_the_optimizers_steps_timed_alone_are_the_hosts_update_for_the_calibrated_model():
+    profile = get_profile("gloo")
+    raw = _raw_from(HostModel(cores=2.0, shared_by="cluster", waits_by="gloo"), 4, profile)
+    assert fit_host(raw, profile)[0].update_seconds is None  # calibrations from before the probe
+    host, _ = fit_host(dict(raw, updates={"lion": 2e-3, "vote-1bit": 1.5e-3}), profile)
+    assert host.update_of("lion", raw["update_elements"]) == 2e-3
+    assert host.update_of("vote-1bit", raw["update_elements"]) == 1.5e-3
+    assert host.update_of("vote-1bit", raw["update_elements"] + 1) is None
+
+
 def test_the_ranks_start_skew_is_the_spread_of_when_they_left_each_all_reduce():
     """start_skew: the root mean square over steps of the ranks' sample sd of their exits; paced_lateness: the
     latest rank's end of compute after the ranks' mean, each rank starting where it left the previous all-reduce;

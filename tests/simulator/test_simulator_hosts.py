@@ -484,3 +484,58 @@ def test_the_cores_stay_busy_as_long_as_the_latest_rank_may_still_compute_backwa
     # 1 ms later the chance is 1 - Phi(0.5)^4
     phi = 0.5 * math.erfc(-0.5 / math.sqrt(2))
     assert one((3e-3, 2e-3, 4), members=1) == pytest.approx(4e-3 + 10e-3 * (1 - phi ** 4))
+
+
+def test_measured_update_seconds_round_trip_and_hold_for_the_calibrated_model_only():
+    host = HostModel(cores=2.0, update_seconds={"lion": 2e-3, "vote-1bit": 1e-3}, update_params=1000)
+    assert HostModel.from_dict(json.loads(json.dumps(host.to_dict()))) == host
+    assert host.update_of("lion", 1000) == 2e-3 and host.update_of("vote-1bit", 1000) == 1e-3
+    assert host.update_of("lion", 999) is None and host.update_of("l1-pbit", 1000) is None
+    assert HostModel().update_of("lion", 0) is None
+    for bad in ({"lion": -1.0}, {"lion": "fast"}, {"lion": math.inf}):
+        with pytest.raises(ValueError, match="update_seconds"):
+            HostModel(update_seconds=bad)
+
+
+def _overlap_by_quadrature(u: float, skew: float) -> float:
+    """E[(u - |d|)+] for d ~ N(0, 2 skew^2), by the trapezoid rule over [-u, u]."""
+    s, n = skew * math.sqrt(2.0), 20000
+    dx = 2 * u / n
+    pdf = [math.exp(-((-u + i * dx) / s) ** 2 / 2) / (s * math.sqrt(2 * math.pi)) for i in range(n + 1)]
+    return sum((u - abs(-u + i * dx)) * pdf[i] * (0.5 if i in (0, n) else 1.0) for i in range(n + 1)) * dx
+
+
+@pytest.mark.parametrize("u,skew", [(1e-3, 5e-3), (2e-3, 1e-3), (5e-3, 5e-3), (4e-3, 0.5e-3)])
+def test_the_update_runs_beside_the_other_ranks_updates_for_the_share_of_it_their_starts_overlap(u, skew):
+    from lioncub.simulator.contention import StepSim
+
+    # four ranks of a host leave the last collective start_skew apart (sd): the simulated rank's update of u
+    # seconds shares the cores with each other rank's for the expected overlap of two such intervals
+    work = dict(fwd=0.0, bwd=0.0, optimizer=u)
+    host = HostModel(cores=1.0, shared_by="cluster", start_skew=skew)
+    weight = StepSim(host, 4, work, [], None, [], False).update_weight(u)
+    assert weight == pytest.approx(1 + 3 * _overlap_by_quadrature(u, skew) / u, rel=1e-5)
+    assert 1.0 < weight < 4.0
+    # the update runs at the share that many jobs get: one core for `weight` ranks' updates
+    out = StepSim(host, 4, work, [], None, [], False).run()
+    assert out["update"] == pytest.approx(u * weight, rel=1e-9)
+    together = StepSim(dataclasses.replace(host, start_skew=0.0), 4, work, [], None, [], False)
+    assert together.update_weight(u) == 4.0 and together.run()["update"] == pytest.approx(4 * u, rel=1e-9)
+
+
+def test_the_step_model_takes_the_update_the_calibration_timed_for_its_model():
+    # a core per job: the update is what was timed, LionCub's by its method and the ddp+lion baseline's as "lion"
+    cluster = Cluster.for_ranks(4, bandwidth="1Gbit", latency="20us")
+    P, kw = 3_000_000, dict(overlap=True, memory_bandwidth="1TB/s")
+    timed = dict(cores=1000.0, shared_by="node", update_seconds={"lion": 7e-3, "vote-1bit": 5e-3}, update_params=P)
+    r = simulate_step(cluster, "vote-1bit", P, None, 1.0, 0.1, backend=_profile(timed), **kw)
+    assert r.optimizer_seconds == pytest.approx(5e-3, rel=1e-12)
+    assert r.baseline["optimizer_seconds"] == pytest.approx(7e-3, rel=1e-12)
+    roomy = _profile(dict(cores=1000.0, shared_by="node"))
+    kernels = simulate_step(cluster, "vote-1bit", P + 1, None, 1.0, 0.1, backend=roomy, **kw)
+    other = simulate_step(cluster, "vote-1bit", P + 1, None, 1.0, 0.1, backend=_profile(timed), **kw)
+    assert other.optimizer_seconds == pytest.approx(kernels.optimizer_seconds, rel=1e-12)  # another model's
+    nodes = Cluster.for_ranks(4, 2, bandwidth="1Gbit", latency="20us")
+    hier, flat_kernels = (simulate_step(nodes, "vote-1bit", P, None, 1.0, 0.1, backend=_profile(h), hierarchical=True,
+                                        **kw) for h in (timed, dict(cores=1000.0, shared_by="node")))
+    assert hier.optimizer_seconds == pytest.approx(flat_kernels.optimizer_seconds, rel=1e-12)  # not the one timed

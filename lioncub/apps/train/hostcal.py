@@ -18,6 +18,8 @@ What is measured (hostprobe.py) and what each figure sets (simulator/hosts.py `H
 * cores: the CPUs this process may run on;
 * compute: forward + backward per step with all R ranks computing (the step model's `compute_seconds`), for at
   least 8 steps and 2 s;
+* each optimizer's step() alone after a backward of the run's model (rank 0, the others waiting): plain Lion (the
+  baseline's) and LionCub with each method, overlapped: `HostModel.update_seconds`, the step model's update;
 * codec and Lion update alone (rank 0, the others waiting): the profile's `codec_bandwidth`, each kernel's
   speed on one device; a method's codec is its encode and vote on one bucket plus its apply (with the deferred
   momentum update, timed on the whole model: step() runs it over every bucket, out of the caches), and the
@@ -69,7 +71,7 @@ def full_size(ranks: int) -> int:
     return 64 * ranks
 
 SPEC = dict(compute_steps=8, compute_seconds=2.0, calls=20, codec_window=5.0, codec_seconds=1.0,
-            sizes=list(SIZES))
+            sizes=list(SIZES), update_steps=4)
 
 
 def cores() -> int:
@@ -88,7 +90,8 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
     if ranks < 2:
         raise ValueError(f"a host calibration needs at least 2 ranks, got {ranks}")
     spec = dict(SPEC, elements=int(elements), busy_method=busy_method, fit_sizes=[full_size(ranks)],
-                methods=[n for n, m in methods.REGISTRY.items() if not m.dense])
+                methods=[n for n, m in methods.REGISTRY.items() if not m.dense],
+                update_configs=["lion", *methods.REGISTRY])
     outs = spawn(probe, ranks, dataclasses.asdict(cfg), spec, timeout=timeout, threads=1, sessions=sessions)
 
     def slowest(key, sub=None):
@@ -103,6 +106,7 @@ def measure_host(cfg, ranks: int, elements: int, busy_method: str = "vote-1bit",
                 busy_method=busy_method,
                 update_elements=outs[0]["alone"]["model_elements"],
                 compute=[t for o in outs for t in o["compute"]], alone=outs[0]["alone"]["seconds"],
+                updates=outs[0]["updates"],
                 paced=[o["paced"] for o in sorted(outs, key=lambda o: o["rank"])],
                 alone_share=outs[0]["alone"]["share"],
                 idle=slowest("idle"), idle_cpu=mean("idle_cpu"), busy=slowest("busy", "collectives"),
@@ -173,7 +177,8 @@ def fit_host(raw: dict, profile) -> tuple[HostModel, dict]:
                      intra_bandwidth=intra, step_cv=step_cv(raw["compute"], R),
                      start_skew=start_skew(raw["paced"]) if raw.get("paced") else 0.0,
                      waits_by="gloo", groups=bool(raw.get("sessions") and raw.get("autogroup")),
-                     apply_share=apply_share)
+                     apply_share=apply_share, update_seconds=raw.get("updates") or None,
+                     update_params=raw["update_elements"] if raw.get("updates") else 0)
     # under compute a call's time is mostly its waits for the cores, the noisiest of the probes: the control message
     # and the call of every segment (2.25 and 6 waits in a row among 4 ranks) together, where both were measured
     fit = [n for n in (wire.CONTROL.nbytes, full_size(R)) if str(n) in raw["busy"]]

@@ -17,7 +17,12 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
 4. under compute: a second thread on every rank runs forward + backward in a loop (as the main thread of a
    training rank does while its communication thread works); the main thread runs the codec for a while
    (`codec_window` compute steps, at least `codec_seconds`; the compute steps inside that window are timed
-   too), then the same all-reduces.
+   too), then the same all-reduces;
+5. the optimizers' steps alone, last (once a LionCub has made its own process group, the collectives under compute
+   took 2-3x as long in all on this machine): for plain Lion ("lion", the ddp+lion baseline's step) and LionCub with
+   each method (overlapped, its buckets as the run cuts them), a copy of the model trains a few steps on every rank;
+   after each backward rank 0 times its step() while the others wait at a barrier: its kernel calls per tensor or
+   bucket, the agreement and the bookkeeping, on the caches backward left, on one device.
 
 A collective's time is the slowest rank's mean over a loop of calls (consecutive all-reduces keep the
 ranks in step), the least of three passes. hostfit.py turns the figures into a HostModel and the held-out residuals.
@@ -30,6 +35,7 @@ import resource
 import statistics
 import threading
 import time
+from copy import deepcopy as copy_module
 
 from lioncub.comm import wire
 
@@ -182,6 +188,37 @@ def _alone(spec, rank, world, model_elements: int) -> dict:
     return dict(seconds=out, share=min(1.0, cpu / wall) if wall > 0 else 1.0, model_elements=model_elements)
 
 
+def _updates(cfg, model, data, spec, rank) -> dict:
+    """Phase 2b: seconds of step() alone per optimizer of spec["update_configs"] (rank 0's, the median of
+    `update_steps`; None on the other ranks)."""
+    import torch.distributed as dist
+
+    from lioncub.optim import LionCub
+    from lioncub.optim.lion import Lion
+
+    out = {}
+    for name in spec.get("update_configs", ()):
+        copy = copy_module(model)  # (parameters of its own, none of another optimizer's hooks)
+        opt = Lion(copy.parameters(), lr=cfg.lr) if name == "lion" else \
+            LionCub(copy.parameters(), lr=cfg.lr, method=name, bucket_mb=cfg.bucket_mb, overlap=True)
+        step, times = _compute_step(cfg, copy, data, rank), []
+        for k in range(1 + int(spec["update_steps"])):
+            step()  # (overlapped: the exchange is over when backward returns)
+            if k == 0:  # every rank at once: LionCub's first step checks that the replicas agree (a collective)
+                opt.step()
+                continue
+            if rank == 0:
+                t0 = time.perf_counter()
+                opt.step()
+                times.append(time.perf_counter() - t0)
+            dist.barrier()
+            if rank != 0:
+                opt.step()
+        out[name] = statistics.median(times) if times else None
+        del opt, copy  # (a LionCub dropped ends its communication thread)
+    return out
+
+
 def _under_compute(step, spec, rank, world, compute_s: float) -> dict:
     """Phase 4: the codec and the collectives while a second thread computes."""
     import torch
@@ -235,4 +272,6 @@ def probe(rank: int, world: int, cfg_dict: dict, spec: dict) -> dict:
     dist.barrier()
     busy = _under_compute(step, spec, rank, world, statistics.median(compute))
     dist.barrier()
-    return dict(rank=rank, compute=compute, paced=paced, alone=alone, idle=idle, idle_cpu=idle_cpu, busy=busy)
+    updates = _updates(cfg, model, data, spec, rank)  # last: a LionCub's process group slows the probes after it
+    return dict(rank=rank, compute=compute, paced=paced, alone=alone, updates=updates, idle=idle, idle_cpu=idle_cpu,
+                busy=busy)
