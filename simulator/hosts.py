@@ -49,14 +49,14 @@ a training run):
   the Lion update of a compressed method; its step has no other). The rest runs on the communication thread.
   Measured by a host calibration (the apply timed on the whole model, out of the caches, as step() runs it);
   None: the whole codec on the communication thread and the Lion update in step() (profiles without it).
-* `update_seconds`: per optimizer, the seconds its step() took after a backward of the run's model with every rank
-  of the host stepping at once (as compute: `compute_work` makes device-seconds of it): "lion" (plain Lion, tensor
-  by tensor: the ddp+lion baseline's step) and each LionCub method (overlapped: the apply, bucket by bucket, the
-  agreement, the bookkeeping). Measured by a host calibration as the run's optimizer runs (a kernel timed on one
-  flat buffer with its inputs in the cache misses the calls per tensor and per bucket and the caches that backward
-  leaves cold: 0.3 ms for char-tiny's Lion update alone against 1.7-1.9 ms of plain Lion's step alone); the step
-  model's update in the flat layout, for models of `update_params` parameters (the calibrated one's) only. None:
-  the update from the kernels' speeds.
+* `update_seconds`: per optimizer, the seconds its step() took alone on one device after a backward of the run's
+  model (device-seconds): "lion" (plain Lion, tensor by tensor: the ddp+lion baseline's step) and each LionCub
+  method (overlapped: the apply, bucket by bucket, the agreement, the bookkeeping). Measured by a host calibration
+  as the run's optimizer runs (a kernel timed on one flat buffer with its inputs in the cache misses the calls per
+  tensor and per bucket and the caches that backward leaves cold: 0.3 ms for char-tiny's Lion update against
+  1.8-2.4 ms of plain Lion's step); the step model's update in the flat layout (its ranks' updates overlapping as
+  their start skew lets them: contention.StepSim.update_weight), for models of `update_params` parameters (the
+  calibrated one's) only. None: the update from the kernels' speeds.
 * `step_cv`: the coefficient of variation of one rank's compute step with every rank of the host computing
   (time slicing, other work), beyond what every rank's step shared (a step slow on every rank at once delays
   none against the others). Ranks that run k steps without a collective (local steps) drift apart by about
@@ -171,8 +171,8 @@ class HostModel:
         return d
 
     def update_of(self, optimizer: str, params: int) -> float | None:
-        """Seconds of `optimizer`'s step() with every rank of the host stepping ("lion": plain Lion; a LionCub
-        method) for a model of `params` parameters, if measured on that model."""
+        """Seconds of `optimizer`'s step() alone on one device ("lion": plain Lion; a LionCub method) for a model of
+        `params` parameters, if measured on that model."""
         if self.update_seconds is None or params != self.update_params:
             return None
         return dict(self.update_seconds).get(optimizer)

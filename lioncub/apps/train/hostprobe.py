@@ -18,11 +18,12 @@ Every rank runs `probe(rank, world, cfg_dict, spec)`; the phases, every rank at 
    training rank does while its communication thread works); the main thread runs the codec for a while
    (`codec_window` compute steps, at least `codec_seconds`; the compute steps inside that window are timed
    too), then the same all-reduces;
-5. the optimizers' steps alone, last (once a LionCub has made its own process group, the collectives under compute
-   took 2-3x as long in all on this machine): for plain Lion ("lion", the ddp+lion baseline's step) and LionCub with
-   each method (overlapped, its buckets as the run cuts them), a copy of the model trains a few steps on every rank;
-   after each backward rank 0 times its step() while the others wait at a barrier: its kernel calls per tensor or
-   bucket, the agreement and the bookkeeping, on the caches backward left, on one device.
+5. the optimizers' steps alone, last (run before phase 4, once a LionCub had made its own process group, phase 4
+   took 49 s and char-small's calibration 50-54 s instead of 24 on this machine): for plain Lion ("lion", the
+   ddp+lion baseline's step) and LionCub with each method (overlapped, its buckets as the run cuts them), a copy of
+   the model trains a few steps on every rank; after each backward rank 0 times its step() while the others wait at
+   a barrier: its kernel calls per tensor or bucket, the agreement and the bookkeeping, on the caches backward
+   left, on one device.
 
 A collective's time is the slowest rank's mean over a loop of calls (consecutive all-reduces keep the
 ranks in step), the least of three passes. hostfit.py turns the figures into a HostModel and the held-out residuals.
@@ -189,7 +190,7 @@ def _alone(spec, rank, world, model_elements: int) -> dict:
 
 
 def _updates(cfg, model, data, spec, rank) -> dict:
-    """Phase 2b: seconds of step() alone per optimizer of spec["update_configs"] (rank 0's, the median of
+    """Phase 5: seconds of step() alone per optimizer of spec["update_configs"] (rank 0's, the median of
     `update_steps`; None on the other ranks)."""
     import torch.distributed as dist
 
