@@ -62,10 +62,15 @@ def all_finite(tensors) -> bool:
     return reference.all_finite(tensors)
 
 
-def nonfinite_flag(tensors):
-    """1 (a 0-dim int32 tensor on their device) where some element of the tensors is not finite, read by
-    lion_step(skip=...) on the device: the step decides without a host sync."""
-    return reference.nonfinite_flag(tensors)
+def finite_flag(t):
+    """Whether every element of t is finite: a 0-dim bool tensor on its device, one read, no host sync."""
+    return implementation(t).finite_flag(t)
+
+
+def nonfinite_flag(flags):
+    """1 (a 0-dim int32 tensor on their device) where one of the 0-dim `flags` (finite_flag's) is false, read
+    by lion_step(skip=...) on the device: the step decides without a host sync."""
+    return reference.nonfinite_flag(flags)
 
 
 def lion_step(p, g, m, **kw):

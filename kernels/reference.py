@@ -195,9 +195,10 @@ def finite_flag(t: torch.Tensor) -> torch.Tensor:
     return torch.isfinite(t.sum(dtype=torch.float32))
 
 
-def nonfinite_flag(tensors) -> torch.Tensor:
-    """A 0-dim int32 tensor on the tensors' device, 1 where some element is not finite: no host sync."""
-    return torch.stack([finite_flag(t) for t in tensors]).all().logical_not().to(torch.int32)
+def nonfinite_flag(flags) -> torch.Tensor:
+    """A 0-dim int32 tensor on the flags' device, 1 where one of the 0-dim "all finite" `flags` (finite_flag's)
+    is false: no host sync."""
+    return torch.stack(list(flags)).all().logical_not().to(torch.int32)
 
 
 def all_finite(tensors) -> bool:

@@ -37,6 +37,9 @@ def clip_grad_norm_(engine, max_norm: float, eps: float = 1e-6) -> float:
         norm = math.sqrt(total / copies)
     coef = max_norm / (norm + eps)
     if math.isfinite(norm) and coef < 1.0:
-        buckets.scale_(coef)
+        if engine.backward_check is not None:
+            engine.backward_check.scale(buckets, coef)
+        else:
+            buckets.scale_(coef)
         engine.rescaled(done)
     return norm

@@ -7,6 +7,8 @@ everything driving it uses (the optimizer's step(), the overlap hooks, torch DDP
     schedule  when momenta are averaged (lioncub.optim.schedules)
     pending   the ExchangePass of the coming step, if one ran before step() (lioncub.optim.passes)
     overlap   the backward hooks and communication thread (lioncub.optim.overlap), or None
+    backward_check   the non-finite check taken during backward where no overlap pass reads the gradients
+              (lioncub.optim.finite), or None
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from lioncub.comm import wire
 from lioncub.comm.transport import any_rank, own_group, used_anywhere
 from lioncub.optim import passes, runs, schedules
 from lioncub.optim.buckets import BucketSet
+from lioncub.optim.finite import BackwardCheck
 from lioncub.optim.layout import make_layout
 from lioncub.optim.overlap import Overlap
 from lioncub.optim.passes import ExchangePass, LossScale
@@ -75,6 +78,7 @@ class Engine:
         self.side_collectives: list = []  # sent this step outside its kind's exchange (the statistics add them)
         self._overlap_wanted = overlap
         self.overlap = Overlap(self) if overlap and self.world_size > 1 and self.buckets else None
+        self.backward_check = BackwardCheck(self) if skip_nonfinite and self.buckets and sharding is None else None
 
     # --- who and what -----------------------------------------------------------------------------------
 
@@ -229,6 +233,11 @@ class Engine:
         """Divide `scaler`'s scale out of the gradients in the passes from now on (it calls this in unscale_)."""
         self._scaler = weakref.ref(scaler)
 
+    @property
+    def loss_scaled(self) -> bool:
+        """Whether a lioncub.GradScaler unscales the gradients (its unscale_ checks them for inf/NaN)."""
+        return self._scaler is not None
+
     def loss_scale(self) -> LossScale | None:
         scaler = self._scaler() if self._scaler is not None else None
         inv = None if scaler is None or not scaler.is_enabled() else scaler.inverse_scale()
@@ -311,6 +320,9 @@ class Engine:
             self.overlap.enabled, self.overlap.sync_wanted = enabled, sync_wanted
         elif added and self._overlap_wanted and self.world_size > 1:
             self.overlap = Overlap(self)
+        if added and self.backward_check is not None:
+            self.backward_check.close()
+            self.backward_check = BackwardCheck(self)
 
     # --- momenta ----------------------------------------------------------------------------------------
 

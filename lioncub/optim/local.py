@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from lioncub.comm import transport, wire
 from lioncub.comm.transport import allreduce_mean_
-from lioncub.optim import steps, streaming
+from lioncub.optim import finite, steps, streaming
 from lioncub.optim.outer import OuterExchange, outer_update, parse_outer
 from lioncub.optim.stats import Clock
 
@@ -99,7 +99,7 @@ class LocalSteps:
         clock = Clock(timing and e.buckets.is_cuda)
         t0 = clock()
         collectives = self.node_mean() if self.nodes is not None else []
-        if e.skip_nonfinite and not e.buckets.all_finite():
+        if e.skip_nonfinite and not (finite.all_finite(e) if self.nodes is None else e.buckets.all_finite()):
             self.local_skips += 1
             e.stats.skipped_steps += 1
             log.warning("LionCub: rank %d skipped its local step %d (non-finite gradient)", e.rank, e.steps)

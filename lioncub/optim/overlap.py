@@ -43,6 +43,11 @@ _FLUSH = "flush"
 _LIVE: weakref.WeakSet = weakref.WeakSet()  # every Overlap with a thread, for shutdown()
 
 
+def at_end_of_backward(fn) -> None:
+    """Call `fn` once the running backward has finished (from a hook during it), as torch DDP does."""
+    torch.autograd.Variable._execution_engine.queue_callback(fn)
+
+
 def shutdown(timeout: float = 5.0) -> None:
     """End every communication thread and wait for it (the process's settling calls this, at exit and in
     lioncub.finish()): a thread still inside a collective while Python finalises would abort the process."""
@@ -134,7 +139,7 @@ class Overlap:
         n = len(engine.buckets)
         self._pass = _Backward(engine.begin_pass(), pending=[len(b.params) for b in engine.buckets],
                                complete=[False] * n, events=[None] * n)
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+        at_end_of_backward(self._end_of_backward)
 
     def _end_of_backward(self) -> None:
         """Flush the buckets that got no gradient, then wait for the thread (the exposed communication)."""

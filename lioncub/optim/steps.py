@@ -20,7 +20,7 @@ import torch
 from lioncub import kernels
 from lioncub.comm import wire
 from lioncub.comm.transport import agree_control
-from lioncub.optim import replicas
+from lioncub.optim import finite, replicas
 from lioncub.optim.passes import nonfinite_flag
 from lioncub.optim.stats import Clock
 
@@ -80,7 +80,7 @@ def local(engine, clock) -> None:
     (lioncub.optim.skips: on a GPU the count comes back later, without draining the queue)."""
     t0 = clock()
     buckets = engine.buckets
-    flag = kernels.nonfinite_flag([b.g for b in buckets]) if engine.skip_nonfinite and len(buckets) else None
+    flag = kernels.nonfinite_flag(finite.finite_flags(engine)) if engine.skip_nonfinite and len(buckets) else None
     with keep(engine, engine.untouched(len(buckets.unused), [])):
         engine.layout.dense_step(buckets, skip=flag)
     record(engine, (), apply_s=clock() - t0)
@@ -114,7 +114,7 @@ def dense(engine, clock, done=None) -> None:
         comm = exposed = clock() - t0
     t1 = clock()
     # the reduced gradients are identical on all ranks, so this check agrees without a message
-    if engine.skip_nonfinite and not engine.buckets.all_finite():
+    if engine.skip_nonfinite and not all_finite(engine):
         return skip(engine, "non-finite gradient", collectives, comm, exposed)
     with keep(engine, untouched):
         collectives = list(collectives) + engine.layout.dense_step(engine.buckets)
@@ -132,13 +132,16 @@ def compressed(engine, clock) -> None:
     buckets, layout = engine.buckets, engine.layout
     units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
-    prepared, finite = [], []
+    prepared, early = [], sign_codec_check(engine, xs)
+    finite = [] if early is None else [early]
     for b, x in zip(units, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
-        ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
-        finite.append(ok)
+        mult = None
+        if early is None:  # (a sign codec's pre-pass is only the check backward took)
+            ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
+            finite.append(ok)
         prepared.append((g, offsets, mult))
         seconds["comm"] += t1 - t0
         seconds["quantize"] += clock() - t1
@@ -167,6 +170,20 @@ def compressed(engine, clock) -> None:
             collectives += [c for c in x.collectives if c.op != "reducescatter"]
     finish(engine, clock, xs, codes, collectives, quantize_s=seconds["quantize"], comm_s=seconds["comm"],
            apply_s=seconds["apply"], units=units)
+
+
+def all_finite(engine) -> bool:
+    """Every gradient finite (one host sync): at world size 1 from the flags backward took where they hold; else
+    the buckets as they are now (after an average: the mean)."""
+    return finite.all_finite(engine) if engine.world_size == 1 else engine.buckets.all_finite()
+
+
+def sign_codec_check(engine, xs):
+    """The check backward took, if it holds and a sign codec reads this rank's own gradients (its pre-pass is
+    then that check alone); else None."""
+    if not engine.layout.codec_reads_local or any(x.codec.l1 for x in xs):
+        return None
+    return finite.taken_in_backward(engine)
 
 
 def apply_pass(engine, clock, done) -> None:

@@ -54,6 +54,8 @@ def test_rehearsal_runs_every_step_and_writes_json_and_summary(tmp_path):
     assert steps["bench"]["runs"]["float32"]["copy_gbps"] > 0
     assert set(steps["optimizer"]["step_ms"]) >= {"lioncub", "torch AdamW(fused=True)"}
     assert steps["optimizer"]["backend"] == "lioncub.kernels.triton_ops"
+    cb = steps["optimizer"]["check_in_backward"]
+    assert cb["flags_used"] and set(cb["ms"]) == {"check in backward", "no check"}
     ranks = steps["ranks"]["runs"]["2"]
     assert len(ranks["methods"]) == 2 * len(methods.NAMES) and all(ranks["triton_equals_torch"].values())
     assert all(m["ran"] == "lioncub.kernels.triton_ops" for k, m in ranks["methods"].items() if k.startswith("triton"))

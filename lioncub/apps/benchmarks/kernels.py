@@ -3,7 +3,8 @@
 On a GPU (Triton kernels), for bucket sizes from 1M to 256M elements: GB/s moved by each kernel (the
 bytes it must read and write, by design, over its time), its fraction of the copy bandwidth measured in
 the same run (`dst.copy_(src)`), and whole-step times: a compressed step without communication
-(prepass, quantize-and-pack, vote, unpack-and-apply) against the plain fused Lion step, against the torch
+(prepass, quantize-and-pack, vote, unpack-and-apply; "checked": without the pre-pass, whose finite check
+backward takes) against the plain fused Lion step, against the torch
 twins on the same GPU and against lion-pytorch's Triton Lion. Targets on an H100: quantize-and-pack and
 unpack-and-apply at >= 85% of copy bandwidth; the compressed step within 1.3x of the plain fused step.
 
@@ -168,18 +169,21 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
          lambda: ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
     ]
 
-    def step_1bit():
-        ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)
+    def step_1bit_checked():  # the pre-pass is the finite check, which backward took (lioncub.optim.finite)
         ops.quantize_pack(signs, g, m, onebit, **hp)
         vote()
         ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)
+
+    def step_1bit():
+        ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)
+        step_1bit_checked()
 
     def step_l1():
         _, k = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
         ops.quantize_pack(l1, g, m, fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
         ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
 
-    steps = {"lion": kernels[0][2], "vote-1bit": step_1bit, "l1-pbit": step_l1}
+    steps = {"lion": kernels[0][2], "vote-1bit": step_1bit, "vote-1bit-checked": step_1bit_checked, "l1-pbit": step_l1}
     return kernels, steps, (p, g, m)
 
 
@@ -367,6 +371,10 @@ def run(args) -> int:
     return 0
 
 
+def _ms(x, digits: int = 3) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
 def format_report(res: dict) -> str:
     lines = [f"lioncub bench kernels, {res['date']}: {res['device']} ({res['backend']}, {res['dtype']}, "
              f"N = {res['world_size']}, torch {res['torch']}, triton {res['triton']}, {res['threads']} threads)",
@@ -375,17 +383,21 @@ def format_report(res: dict) -> str:
     for r in res["kernels"]:
         lines.append(f"{human(r['size']):>5s}  {r['kernel']:32s} {r['ms']:9.3f} {r['gbps']:8.1f} "
                      f"{100 * r['of_copy']:7.0f}%")
-    lines += ["", f"{'size':>5s}  {'step (ms)':30s} {'lion':>8s} {'vote-1bit':>10s} {'l1-pbit':>9s}"
-              f" {'lion-pytorch':>13s}"]
+    lines += ["", f"{'size':>5s}  {'step (ms)':30s} {'lion':>8s} {'vote-1bit':>10s} {'(checked)':>10s} "
+              f"{'l1-pbit':>9s} {'lion-pytorch':>13s}"]
     for s in res["steps"]:
         lp = "" if s["lion_pytorch_ms"] is None else f"{s['lion_pytorch_ms']:.3f}"
+        checked = s.get("vote-1bit-checked_ms")  # (absent from runs before the check moved into backward)
         lines.append(f"{human(s['size']):>5s}  {res['backend']:30s} {s['lion_ms']:8.3f} {s['vote-1bit_ms']:10.3f} "
-                     f"{s['l1-pbit_ms']:9.3f} {lp:>13s}")
+                     f"{_ms(checked):>10s} {s['l1-pbit_ms']:9.3f} {lp:>13s}")
         if res["backend"] != "torch twins":
             lines.append(f"{'':>5s}  {'torch twins (same device)':30s} {s['twin_lion_ms']:8.3f} "
-                         f"{s['twin_vote-1bit_ms']:10.3f} {s['twin_l1-pbit_ms']:9.3f}")
+                         f"{s['twin_vote-1bit_ms']:10.3f} {_ms(s.get('twin_vote-1bit-checked_ms')):>10s} "
+                         f"{s['twin_l1-pbit_ms']:9.3f}")
         lines.append(f"{'':>5s}  {'x plain Lion':30s} {1:8.2f} {s['vote-1bit_ms'] / s['lion_ms']:10.2f} "
-                     f"{s['l1-pbit_ms'] / s['lion_ms']:9.2f}")
+                     f"{_ms(checked and checked / s['lion_ms'], 2):>10s} {s['l1-pbit_ms'] / s['lion_ms']:9.2f}")
+    lines += ["", "(checked): vote-1bit's step when backward took the finite check (lioncub.optim.finite): "
+                  "quantize, vote, apply"]
     if "packbits" in res:
         lines += ["", f"{'bits':>5s}  {'pack GB/s':>10s} {'numpy':>8s} {'x numpy':>8s}   {'unpack GB/s':>11s} "
                       f"{'numpy':>8s} {'x numpy':>8s}"]
