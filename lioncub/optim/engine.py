@@ -76,6 +76,7 @@ class Engine:
         self.warned_regrad = False
         self.ddp_alongside = False  # a torch DDP model LionCub is not attached to wraps the parameters (overlap.py)
         self.side_collectives: list = []  # sent this step outside its kind's exchange (the statistics add them)
+        self.local_checks = False  # local steps (lioncub.optim.local) check this rank's own gradients each step
         self._overlap_wanted = overlap
         self.overlap = Overlap(self) if overlap and self.world_size > 1 and self.buckets else None
         self.backward_check = BackwardCheck(self) if skip_nonfinite and self.buckets and sharding is None else None

@@ -108,11 +108,21 @@ class BackwardCheck:
 
 def active(engine) -> bool:
     """Whether the check during backward is of use: skipping is on, the buckets hold .grad itself (not copies:
-    torch DDP, FSDP2), no overlap pass reads the gradients during backward anyway, and no loss scaler
-    rewrites them after backward (its unscale_ checks them itself)."""
+    torch DDP, FSDP2), no overlap pass reads the gradients during backward anyway, no loss scaler rewrites
+    them after backward (its unscale_ checks them itself), and the coming step() reads the flags."""
     overlap = engine.overlap
     return (engine.skip_nonfinite and not engine.buckets.private and not engine.ddp_alongside
-            and not engine.loss_scaled and (overlap is None or not overlap.enabled))
+            and not engine.loss_scaled and (overlap is None or not overlap.enabled) and read_by_step(engine))
+
+
+def read_by_step(engine) -> bool:
+    """Whether the coming step() checks this rank's own gradients (and so can take the flags): one rank, local
+    steps in the flat layout, or a compressed step whose codec reads them (not a dense step at several
+    ranks, which checks their mean; not l1-pbit, whose pre-pass also computes its scales)."""
+    if engine.world_size == 1 or engine.local_checks:
+        return True
+    method = engine.next_method()
+    return not method.dense and not method.codec.l1 and engine.layout.codec_reads_local
 
 
 def finite_flags(engine) -> list:

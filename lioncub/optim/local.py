@@ -68,6 +68,7 @@ class LocalSteps:
         """streamed: (F, D) streams the outer steps (lioncub.optim.streaming), None does not."""
         self.engine, self.H, self.outer = engine, local_steps, outer
         self.nodes = engine.layout.nodes  # the node layout's groups (hierarchical=True), or None
+        engine.local_checks = self.nodes is None  # each inner step checks this rank's own gradients
         if self.nodes is None:
             self.exchange = OuterExchange(engine, error_feedback)
         else:  # local rank 0 of every node votes for its node (its cross group is theirs)

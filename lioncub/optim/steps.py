@@ -132,14 +132,14 @@ def compressed(engine, clock) -> None:
     buckets, layout = engine.buckets, engine.layout
     units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
-    prepared, early = [], sign_codec_check(engine, xs)
+    prepared, early = [], check_from_backward(engine, xs)
     finite = [] if early is None else [early]
     for b, x in zip(units, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
         mult = None
-        if early is None:  # (a sign codec's pre-pass is only the check backward took)
+        if early is None:  # (without L1 scales the pre-pass is only the check backward took)
             ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
             finite.append(ok)
         prepared.append((g, offsets, mult))
@@ -178,9 +178,9 @@ def all_finite(engine) -> bool:
     return finite.all_finite(engine) if engine.world_size == 1 else engine.buckets.all_finite()
 
 
-def sign_codec_check(engine, xs):
-    """The check backward took, if it holds and a sign codec reads this rank's own gradients (its pre-pass is
-    then that check alone); else None."""
+def check_from_backward(engine, xs):
+    """The check backward took, if it holds and the codec, without L1 scales, reads this rank's own gradients
+    (its pre-pass is then that check alone); else None."""
     if not engine.layout.codec_reads_local or any(x.codec.l1 for x in xs):
         return None
     return finite.taken_in_backward(engine)

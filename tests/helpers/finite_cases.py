@@ -51,3 +51,18 @@ def train(rank, world_size, method, bad_rank=None, touch=False, steps=4):
         out.append(dict(prepass=len(calls), moved=any(not torch.equal(a, b) for a, b in zip(before, net.parameters()))))
     return dict(steps=out, skipped=opt.stats.skipped_steps, buckets=len(opt.engine.buckets),
                 params=[p.detach().clone() for p in net.parameters()])
+
+
+def backward_reads(rank, world_size, method):
+    """(finite_flag calls during one backward, buckets) under LionCub(overlap=False)."""
+    net = model()
+    opt = LionCub(net.parameters(), lr=1e-2, method=method, bucket_mb=BUCKET_MB, overlap=False)
+    calls: list = []
+    real = kernels.finite_flag
+    kernels.finite_flag = counted("finite_flag", calls)
+    try:
+        net(torch.randn(4, 37)).square().mean().backward()
+    finally:
+        kernels.finite_flag = real
+    opt.step()
+    return len(calls), len(opt.engine.buckets)

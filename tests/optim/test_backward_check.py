@@ -130,7 +130,7 @@ def test_no_check_without_skipping():
 
 @pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])
 def test_communicating_step_uses_the_check_and_skips_on_every_rank(method):
-    """overlap=False, 3 Gloo ranks, a NaN loss on rank 1 at step 2: every rank skips it. A sign codec's pre-pass
+    """overlap=False, 3 Gloo ranks, a NaN loss on rank 1 at step 2: every rank skips it. vote-1bit's pre-pass
     is the check backward took: none in step() (l1-pbit still needs its scales); with the flags made stale by
     an in-place no-op on every gradient, the pre-pass runs and the parameters come out bit-identical."""
     used = spawn(finite_cases.train, 3, method, 1)
@@ -222,3 +222,12 @@ def test_under_a_loss_scaler_backward_checks_nothing(reads):
         scaler.update()
     assert backward_reads[0] == len(opt.engine.buckets) and backward_reads[1:] == [0, 0]
     assert scaler.get_scale() == 2.0**9  # the inf of the third step was found and the scale backed off
+
+
+def test_no_check_in_backward_where_step_would_not_read_it():
+    """2 Gloo ranks, overlap=False: a dense step on several ranks checks their mean, and l1-pbit's pre-pass
+    computes its scales anyway, so the hooks read nothing there; the vote methods' steps take the check."""
+    n = {m: spawn(finite_cases.backward_reads, 2, m) for m in ("allreduce", "l1-pbit", "vote-1bit", "vote-pbit")}
+    for m, out in n.items():
+        for reads, buckets in out:
+            assert reads == (buckets if m.startswith("vote") else 0), (m, reads, buckets)
