@@ -34,6 +34,7 @@ class BackwardCheck:
         self._seen: list[set] | None = None  # per bucket: its parameters backward gave a gradient (None: no backward)
         self._flags: list = []  # per bucket: the 0-dim "all finite" flag, or None
         self._versions: list | None = None  # the gradient buffers' versions when the last backward ended
+        self._spoiled: set[int] = set()  # buckets this backward wrote outside their views, or twice
 
     def _make_hook(self):
         ref = weakref.ref(self)
@@ -46,18 +47,21 @@ class BackwardCheck:
 
     def _on_grad(self, param) -> None:
         engine = self._engine()
-        if engine is None or not active(engine):
+        if engine is None:
             return
         buckets = engine.buckets
-        if self._seen is None:
+        if self._seen is None:  # the first gradient of a backward
+            if not active(engine):
+                return
             self._seen, self._flags, self._versions = [set() for _ in buckets], [None] * len(buckets), None
+            self._spoiled = set()
             at_end_of_backward(self._end_of_backward)
         k, i = buckets.where[id(param)]
-        if k >= len(self._seen):  # (a param group added during this backward)
+        if k >= len(self._seen) or k in self._spoiled:  # (k: a param group added during this backward)
             return
         b, seen = buckets[k], self._seen[k]
         if i in seen or not b.grad_in_place(i, param):  # written twice, or outside its view: step() reads it
-            seen.add(-1)
+            self._spoiled.add(k)
             self._flags[k] = None
             return
         seen.add(i)

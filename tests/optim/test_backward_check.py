@@ -231,3 +231,19 @@ def test_no_check_in_backward_where_step_would_not_read_it():
     for m, out in n.items():
         for reads, buckets in out:
             assert reads == (buckets if m.startswith("vote") else 0), (m, reads, buckets)
+
+
+@pytest.mark.parametrize("replaced", [False, True])
+def test_a_nan_made_during_backward_skips_the_step(replaced):
+    """A tensor hook makes one bias's gradient NaN during backward; with `replaced`, that .grad was a tensor of
+    its own (not its view of the bucket) when backward wrote it. Either way the step is skipped."""
+    net = model()
+    opt = LionCub(net.parameters(), lr=1e-2, bucket_mb=BUCKET_MB)
+    net[0].bias.register_hook(lambda g: g * float("nan"))
+    if replaced:
+        net[0].bias.grad = torch.zeros(64)
+    before = [p.detach().clone() for p in net.parameters()]
+    _backward(net, torch.Generator().manual_seed(1))
+    opt.step()
+    assert opt.stats.skipped_steps == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
