@@ -115,8 +115,8 @@ def active(engine) -> bool:
     torch DDP, FSDP2), no overlap pass reads the gradients during backward anyway, no loss scaler rewrites
     them after backward (its unscale_ checks them itself), and the coming step() reads the flags."""
     overlap = engine.overlap
-    return (engine.skip_nonfinite and not engine.buckets.private and not engine.ddp_alongside
-            and not engine.loss_scaled and (overlap is None or not overlap.enabled) and read_by_step(engine))
+    return ((overlap is None or not overlap.enabled) and engine.skip_nonfinite and not engine.buckets.private
+            and not engine.ddp_alongside and not engine.loss_scaled and read_by_step(engine))
 
 
 def read_by_step(engine) -> bool:
