@@ -22,50 +22,50 @@ import torch
 from lioncub import kernels
 from lioncub.optim.overlap import at_end_of_backward
 
+_SKIP: list = []  # a backward whose gradients the hooks leave alone
+
 
 class BackwardCheck:
     """The hooks of one optimizer engine (lioncub.optim.engine.Engine); `flags` is what step() reads."""
 
     def __init__(self, engine):
         self._engine = weakref.ref(engine)
-        buckets = engine.buckets
-        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook()) for b in buckets for p in b.params]
+        self._buckets = buckets = engine.buckets
+        self._hooks = [p.register_post_accumulate_grad_hook(self._make_hook(k, i))
+                       for k, b in enumerate(buckets) for i, p in enumerate(b.params)]
         self._stream = torch.cuda.Stream(device=buckets.device) if buckets.is_cuda else None
-        self._seen: list[set] | None = None  # per bucket: its parameters backward gave a gradient (None: no backward)
+        # per bucket in a running backward: gradients still to come; 0 once checked, -1 once spoiled (written
+        # outside its view, or after it was checked); None between backwards, _SKIP in one not to check
+        self._pending: list | None = None
         self._flags: list = []  # per bucket: the 0-dim "all finite" flag, or None
         self._versions: list | None = None  # the gradient buffers' versions when the last backward ended
-        self._spoiled: set[int] = set()  # buckets this backward wrote outside their views, or twice
 
-    def _make_hook(self):
+    def _make_hook(self, k: int, i: int):
         ref = weakref.ref(self)
 
         def hook(param):
             self = ref()
             if self is not None:
-                self._on_grad(param)
+                self._on_grad(param, k, i)
         return hook
 
-    def _on_grad(self, param) -> None:
-        engine = self._engine()
-        if engine is None:
-            return
-        buckets = engine.buckets
-        if self._seen is None:  # the first gradient of a backward
-            if not active(engine):
+    def _on_grad(self, param, k: int, i: int) -> None:
+        pending = self._pending
+        if pending is None:  # the first gradient of a backward
+            engine = self._engine()
+            if engine is None:
                 return
-            self._seen, self._flags, self._versions = [set() for _ in buckets], [None] * len(buckets), None
-            self._spoiled = set()
+            pending = self._pending = [len(b.params) for b in self._buckets] if active(engine) else _SKIP
+            self._flags, self._versions = [None] * len(self._buckets), None
             at_end_of_backward(self._end_of_backward)
-        k, i = buckets.where[id(param)]
-        if k >= len(self._seen) or k in self._spoiled:  # (k: a param group added during this backward)
+        if pending is _SKIP:
             return
-        b, seen = buckets[k], self._seen[k]
-        if i in seen or not b.grad_in_place(i, param):  # written twice, or outside its view: step() reads it
-            self._spoiled.add(k)
-            self._flags[k] = None
+        left, b, grad = pending[k], self._buckets[k], param.grad
+        if left <= 0 or grad is None or grad.data_ptr() != b.grad_ptrs[i]:  # after the check, or outside its view
+            pending[k], self._flags[k] = -1, None
             return
-        seen.add(i)
-        if len(seen) == len(b.params):
+        pending[k] = left - 1
+        if left == 1:
             self._flags[k] = self._check(b.g)
 
     def _check(self, g) -> torch.Tensor:
@@ -78,9 +78,9 @@ class BackwardCheck:
             return kernels.finite_flag(g)
 
     def _end_of_backward(self) -> None:
-        self._seen = None
+        skipped, self._pending = self._pending is _SKIP, None
         engine = self._engine()
-        if engine is None:
+        if engine is None or skipped:
             return
         if self._stream is not None:
             current = torch.cuda.current_stream()
@@ -92,7 +92,7 @@ class BackwardCheck:
 
     def flags(self, buckets) -> list:
         """Per bucket: the flag the last backward took, where it still describes the gradients; else None."""
-        current = (self._seen is None and self._versions is not None and len(self._flags) == len(buckets)
+        current = (self._pending is None and self._versions is not None and len(self._flags) == len(buckets)
                    and buckets.as_exchanged(self._versions))
         return list(self._flags) if current else [None] * len(buckets)
 
