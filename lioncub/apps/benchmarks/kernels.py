@@ -21,6 +21,7 @@ import json
 import platform
 import statistics
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import torch
@@ -130,53 +131,57 @@ def traffic_table(world_size: int = 8) -> list[dict]:
 # --- the kernels of one bucket ------------------------------------------------------------------------
 
 
+def _bucket(ops, n: int, dtype, device, N: int) -> SimpleNamespace:
+    """One bucket's tensors (p, g, m in `dtype`, two parameter tensors), codes and codecs for N voters."""
+    gen = torch.Generator().manual_seed(0)
+    b = SimpleNamespace(E=torch.finfo(dtype).bits // 8, offsets=[0, n // 2, n], chunk=chunk_bytes(n, N),
+                        planes=wire.result_planes(N), signs=methods.get("vote-1bit").codec)
+    b.p = (torch.randn(n, generator=gen) * 0.02).to(dtype).to(device)
+    b.g = torch.randn(n, generator=gen).to(dtype).to(device)
+    b.m = (torch.randn(n, generator=gen) * 0.1).to(dtype).to(device)
+    l1 = methods.get("l1-pbit")
+    b.s = l1.resolve_levels(N)
+    b.lay, b.l1 = l1.layout(N, b.s), l1.codec
+    b.onebit = torch.zeros(N * b.chunk, dtype=torch.uint8, device=device)
+    b.mine = torch.empty(b.planes * b.chunk, dtype=torch.uint8, device=device)
+    b.fields = torch.zeros(b.lay.words(n), dtype=getattr(torch, b.lay.dtype), device=device)
+    b.sign_plane = torch.randint(0, 256, (N * b.chunk,), dtype=torch.uint8, device=device)
+    b.tie_plane = torch.randint(0, 256, (N * b.chunk,), dtype=torch.uint8, device=device) if b.planes == 2 else None
+    b.mult = ops.prepass(b.l1, b.g, b.m, beta1=0.9, offsets=b.offsets, levels=b.s)[1]
+    return b
+
+
 def bucket_ops(ops, n: int, dtype, device, N: int):
     """(name, bytes moved by design, fn) for each kernel of one bucket of n elements, plus step closures."""
-    E = torch.finfo(dtype).bits // 8
-    gen = torch.Generator().manual_seed(0)
-    p = (torch.randn(n, generator=gen) * 0.02).to(dtype).to(device)
-    g = torch.randn(n, generator=gen).to(dtype).to(device)
-    m = (torch.randn(n, generator=gen) * 0.1).to(dtype).to(device)
-    offsets = [0, n // 2, n]  # two tensors
-    signs, l1 = methods.get("vote-1bit").codec, methods.get("l1-pbit")
-    s = l1.resolve_levels(N)
-    lay, l1 = l1.layout(N, s), l1.codec
-    chunk = chunk_bytes(n, N)
-    planes = wire.result_planes(N)
-    onebit = torch.zeros(N * chunk, dtype=torch.uint8, device=device)
-    mine = torch.empty(planes * chunk, dtype=torch.uint8, device=device)
-    fields = torch.zeros(lay.words(n), dtype=getattr(torch, lay.dtype), device=device)
-    sign_plane = torch.randint(0, 256, (N * chunk,), dtype=torch.uint8, device=device)
-    tie_plane = torch.randint(0, 256, (N * chunk,), dtype=torch.uint8, device=device) if planes == 2 else None
-    hp = dict(beta1=0.9, beta2=0.99)
-    _, mult = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
+    b = _bucket(ops, n, dtype, device, N)
+    p, g, m, offsets, signs, l1, s, lay, E = b.p, b.g, b.m, b.offsets, b.signs, b.l1, b.s, b.lay, b.E
+    hp, code = dict(beta1=0.9, beta2=0.99), (b.sign_plane, b.tie_plane)
 
     def vote():
-        ops.vote(onebit.view(N, chunk), mine[:chunk], mine[chunk:] if planes == 2 else None)
+        ops.vote(b.onebit.view(N, b.chunk), b.mine[:b.chunk], b.mine[b.chunk:] if b.planes == 2 else None)
 
     def apply_deferred():  # step() after an overlapped exchange: the apply with the momentum update it deferred
-        ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N, momentum=(g, m, 0.99))
+        ops.unpack_apply(signs, p, code, lr=1e-4, wd=0.1, world_size=N, momentum=(g, m, 0.99))
 
     kernels = [
         ("lion_step", 5 * E * n, lambda: ops.lion_step(p, g, m, lr=1e-4, wd=0.1, **hp)),
         ("prepass (finite)", E * n, lambda: ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)),
         ("prepass (l1 scale)", 2 * E * n, lambda: ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)),
-        ("quantize_pack 1-bit", 3 * E * n + N * chunk,
-         lambda: ops.quantize_pack(signs, g, m, onebit, **hp)),
+        ("quantize_pack 1-bit", 3 * E * n + N * b.chunk, lambda: ops.quantize_pack(signs, g, m, b.onebit, **hp)),
         (f"quantize_pack l1-pbit ({lay.bits_per_element:.0f} b)", 3 * E * n + lay.nbytes(n),
-         lambda: ops.quantize_pack(l1, g, m, fields, layout=lay, mult=mult, offsets=offsets, levels=s, **hp)),
-        (f"vote ({N} rows)", N * chunk + planes * chunk, vote),
-        ("unpack_apply 1-bit", 2 * E * n + planes * N * chunk,
-         lambda: ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)),
-        ("unpack_apply 1-bit + momentum", 5 * E * n + planes * N * chunk, apply_deferred),
+         lambda: ops.quantize_pack(l1, g, m, b.fields, layout=lay, mult=b.mult, offsets=offsets, levels=s, **hp)),
+        (f"vote ({N} rows)", N * b.chunk + b.planes * b.chunk, vote),
+        ("unpack_apply 1-bit", 2 * E * n + b.planes * N * b.chunk,
+         lambda: ops.unpack_apply(signs, p, code, lr=1e-4, wd=0.1, world_size=N)),
+        ("unpack_apply 1-bit + momentum", 5 * E * n + b.planes * N * b.chunk, apply_deferred),
         (f"unpack_apply l1-pbit ({lay.bits_per_element:.0f} b)", 2 * E * n + lay.nbytes(n),
-         lambda: ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
+         lambda: ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
     ]
 
     def step_1bit_checked():  # the pre-pass is the finite check, which backward took (lioncub.optim.finite)
-        ops.quantize_pack(signs, g, m, onebit, **hp)
+        ops.quantize_pack(signs, g, m, b.onebit, **hp)
         vote()
-        ops.unpack_apply(signs, p, (sign_plane, tie_plane), lr=1e-4, wd=0.1, world_size=N)
+        ops.unpack_apply(signs, p, code, lr=1e-4, wd=0.1, world_size=N)
 
     def step_1bit():
         ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)
@@ -184,11 +189,11 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
 
     def step_l1():
         _, k = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
-        ops.quantize_pack(l1, g, m, fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
-        ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
+        ops.quantize_pack(l1, g, m, b.fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
+        ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
 
     def apply_deferred_l1():
-        ops.unpack_apply(l1, p, fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay, momentum=(g, m, 0.99))
+        ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay, momentum=(g, m, 0.99))
 
     steps = {"lion": kernels[0][2], "vote-1bit": step_1bit, "vote-1bit-checked": step_1bit_checked, "l1-pbit": step_l1,
              "vote-1bit-overlapped": apply_deferred, "l1-pbit-overlapped": apply_deferred_l1}
