@@ -76,7 +76,8 @@ class LionCub(torch.optim.Optimizer):
             method's sums to rounding).
         grad_wire_dtype: the baseline's all-reduce dtype (torch.float32 or torch.bfloat16, or "bfloat16").
         skip_nonfinite: if any rank sees a non-finite gradient, all ranks skip the step (counted in
-            stats.skipped_steps).
+            stats.skipped_steps). Where no overlapped exchange reads the gradients, backward's hooks take the
+            check (lioncub.optim.finite) and step() does not read them again unless they changed since.
         overlap: run each bucket's exchange during backward, as soon as its gradients are final (default);
             False communicates inside step(). The results are bit-identical either way.
         timing: synchronise CUDA around each phase so stats times are exact (costs a little speed), and time
