@@ -73,7 +73,7 @@ SIZES = {
         # buffers with CPU randn (twice per size: Triton and twins), about half of its time at 256M
         bench=[dict(dtype="float32", sizes=f"1M,4M,16M,64M,{GPT2_124M_PARAMS},256M", share=0.62, repeat=5),
                dict(dtype="bfloat16", sizes="64M,256M", share=0.38, repeat=5)],
-        gpt2=GPT2_124M, opt_steps=10, opt_rounds=5,
+        gpt2=GPT2_124M, opt_steps=10, opt_rounds=5, busy_dim=1024,
         ranks=dict(world_sizes=[2, 4], steps=20, sync_every=7, shapes=[(1000, 257), (4097,), (3, 333), (65537,)],
                    bf16=[(511, 129)], fp16=[(70001,)], bucket_mb=0.5),
         train=dict(model="char-medium", steps=200, batch_size=32, block_size=128, eval_batches=4),
@@ -83,7 +83,7 @@ SIZES = {
         copy_bytes=16 << 20,
         tests=dict(files=["tests/kernels/test_kernels_triton.py"], k=TINY_TESTS, workers=0),
         bench=[dict(dtype="float32", sizes="64K", share=1.0, repeat=1)],
-        gpt2=dict(n_layer=1, d=32, vocab=256, ctx=64), opt_steps=2, opt_rounds=2,
+        gpt2=dict(n_layer=1, d=32, vocab=256, ctx=64), opt_steps=2, opt_rounds=2, busy_dim=32,
         ranks=dict(world_sizes=[2], steps=3, sync_every=2, shapes=[(37, 5), (300,)], bf16=[(7, 3)], fp16=[(11,)],
                    bucket_mb=1024 / 2**20),
         train=dict(model="char-tiny", steps=3, batch_size=4, block_size=16, eval_batches=1),
@@ -733,11 +733,11 @@ def _step_times(ctx: Ctx, torch, device, contenders: dict, n: int) -> dict:
 
 
 def _check_in_backward(ctx: Ctx, torch, device, n: int) -> None:
-    """LionCub's step() after a backward that took the finite check (lioncub.optim.finite), and backward's time
-    with and without it: the leaves get their gradients from autograd (torch.autograd.backward on the
-    parameters), so the hooks run as in training. Each step() is timed alone, with and without the check."""
-    import statistics
-
+    """LionCub's step() after a backward that took the finite check (lioncub.optim.finite), against LionCub
+    without any check, each step() timed alone, and backward's time beside it. Two backwards: the gradients'
+    accumulation alone (torch.autograd.backward on the parameters: memory-bound, as the check is), and one that
+    computes before each gradient lands (a matmul per parameter tensor, as a layer's backward would), where
+    the check's side stream can run beside it: there the whole iteration is compared."""
     from lioncub import LionCub
     r = ctx.result
     gen = torch.Generator(device=device).manual_seed(0)
@@ -747,32 +747,64 @@ def _check_in_backward(ctx: Ctx, torch, device, n: int) -> None:
     for name, skip in (("check in backward", True), ("no check", False)):
         ps = [torch.nn.Parameter(torch.randn(s, generator=gen, device=device).mul_(0.02)) for s in shapes]
         runs[name] = (ps, LionCub(ps, lr=1e-4, weight_decay=0.1, skip_nonfinite=skip))
-    times = {k: dict(step=[], backward=[]) for k in runs}
+    plain, used = _iterations(ctx, torch, device, runs, lambda ps: torch.autograd.backward(ps, grads))
+    busy, used_busy = _iterations(ctx, torch, device, runs, _busy_backward(torch, device, grads, ctx.cfg["busy_dim"]))
+    copy = _read_step(ctx.out, "env").get("copy", {}).get("gbps")
+    bound = 20 * n / copy / 1e6 if copy else None  # ms: p, g, m read, p, m written, fp32
+    step = plain["check in backward"]["step"]
+    r["check_in_backward"] = dict(
+        ms=plain, flags_used=used and used_busy, bound_20_bytes_ms=bound and round(bound, 4),
+        step_x_bound=bound and round(step / bound, 3),
+        check_cost_in_backward_ms=round(plain["check in backward"]["backward"] - plain["no check"]["backward"], 4),
+        compute_bound_backward=dict(ms=busy, busy_dim=ctx.cfg["busy_dim"], check_cost_in_iteration_ms=round(
+            busy["check in backward"]["iteration"] - busy["no check"]["iteration"], 4)),
+        note="medians; backward: zero_grad() and the backward; step(): alone; iteration: both")
+    ctx.check("the finite check taken in backward was used by every step", used and used_busy)
+    if ctx.cuda:
+        ctx.target("LionCub world size 1, check taken in backward: step <= 1.10x 20 bytes/parameter at copy bandwidth",
+                   None if bound is None else step <= 1.10 * bound)
+
+
+def _iterations(ctx: Ctx, torch, device, runs: dict, backward) -> tuple[dict, bool]:
+    """({run: median ms of backward, step, iteration}, whether every checked step had its flags), over
+    interleaved iterations after 3 warm-up ones."""
+    import statistics
+
+    times = {k: dict(backward=[], step=[], iteration=[]) for k in runs}
     used = []
-    for i in range(ctx.cfg["opt_rounds"] * ctx.cfg["opt_steps"] + 3):  # 3 warm-up steps
+    for i in range(ctx.cfg["opt_rounds"] * ctx.cfg["opt_steps"] + 3):
         for name, (ps, opt) in runs.items():
-            t_back = _timed_once(torch, device, lambda o=opt, q=ps: (o.zero_grad(), torch.autograd.backward(q, grads)))
+            t_back = _timed_once(torch, device, lambda o=opt, q=ps: (o.zero_grad(), backward(q)))
             if opt.engine.backward_check is not None:
                 used.append(all(f is not None for f in opt.engine.backward_check.flags(opt.engine.buckets)))
             t_step = _timed_once(torch, device, opt.step)
             if i >= 3:
-                times[name]["backward"].append(t_back)
-                times[name]["step"].append(t_step)
+                for part, t in (("backward", t_back), ("step", t_step), ("iteration", t_back + t_step)):
+                    times[name][part].append(t)
         if ctx.left() < 5:
             break
-    med = {k: {part: statistics.median(v) for part, v in t.items()} for k, t in times.items()}
-    copy = _read_step(ctx.out, "env").get("copy", {}).get("gbps")
-    bound = 20 * n / copy / 1e6 if copy else None  # ms: p, g, m read, p, m written, fp32
-    step = med["check in backward"]["step"]
-    r["check_in_backward"] = dict(
-        ms={k: {part: round(v, 4) for part, v in t.items()} for k, t in med.items()}, flags_used=all(used),
-        bound_20_bytes_ms=bound and round(bound, 4), step_x_bound=bound and round(step / bound, 3),
-        check_cost_in_backward_ms=round(med["check in backward"]["backward"] - med["no check"]["backward"], 4),
-        note="step() timed alone after zero_grad() and torch.autograd.backward(params, grads); medians")
-    ctx.check("the finite check taken in backward was used by every step", all(used))
-    if ctx.cuda:
-        ctx.target("LionCub world size 1, check taken in backward: step <= 1.10x 20 bytes/parameter at copy bandwidth",
-                   None if bound is None else step <= 1.10 * bound)
+    return {k: {part: round(statistics.median(v), 4) for part, v in t.items()} for k, t in times.items()}, all(used)
+
+
+def _busy_backward(torch, device, grads: list, dim: int):
+    """backward(params): each parameter's gradient (grads') lands after a (dim x dim) matmul, as after a layer's
+    backward compute."""
+    w = torch.randn(dim, dim, device=device)
+
+    class Land(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, p, g):
+            ctx.g = g
+            return p.view_as(p)
+
+        @staticmethod
+        def backward(ctx, _):
+            torch.mm(w, w)
+            return ctx.g, None
+
+    def backward(params):
+        torch.autograd.backward([Land.apply(p, g).sum() for p, g in zip(params, grads)])
+    return backward
 
 
 def _timed_once(torch, device, fn) -> float:
@@ -827,7 +859,9 @@ def _optimizer_summary(r: dict, ms: dict, n: int) -> str:
     cb = r.get("check_in_backward")
     if cb:
         parts.append(f"check in backward: step {cb['ms']['check in backward']['step']:.3f} ms"
-                     + (f" = {cb['step_x_bound']:.2f}x 20 B/param at copy" if cb.get("step_x_bound") else ""))
+                     + (f" = {cb['step_x_bound']:.2f}x 20 B/param at copy" if cb.get("step_x_bound") else "")
+                     + f", {cb['compute_bound_backward']['check_cost_in_iteration_ms']:+.3f} ms per iteration "
+                       "beside a computing backward")
     if isinstance(r["codec"], dict):
         c = r["codec"]
         checked = c.get("vote_1bit_checked_x_lion")

@@ -56,6 +56,7 @@ def test_rehearsal_runs_every_step_and_writes_json_and_summary(tmp_path):
     assert steps["optimizer"]["backend"] == "lioncub.kernels.triton_ops"
     cb = steps["optimizer"]["check_in_backward"]
     assert cb["flags_used"] and set(cb["ms"]) == {"check in backward", "no check"}
+    assert set(cb["compute_bound_backward"]["ms"]["no check"]) == {"backward", "step", "iteration"}
     ranks = steps["ranks"]["runs"]["2"]
     assert len(ranks["methods"]) == 2 * len(methods.NAMES) and all(ranks["triton_equals_torch"].values())
     assert all(m["ran"] == "lioncub.kernels.triton_ops" for k, m in ranks["methods"].items() if k.startswith("triton"))
