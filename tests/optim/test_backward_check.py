@@ -146,22 +146,34 @@ def test_communicating_step_uses_the_check_and_skips_on_every_rank(method):
     assert all(torch.equal(a, b) for a, b in zip(used[0]["params"], used[2]["params"]))
 
 
-def test_on_the_test_device_equal_to_no_check_and_skipping_a_nan(reads):
-    """On LIONCUB_TEST_DEVICE (CUDA: the check runs on a side stream): steps after a checked backward equal
-    those of an optimizer that never checks, step() reads no gradient, and a NaN loss skips its step."""
-    nets = [model().to(DEVICE), model().to(DEVICE)]
-    opts = [LionCub(nets[0].parameters(), lr=1e-2, bucket_mb=BUCKET_MB),
-            LionCub(nets[1].parameters(), lr=1e-2, bucket_mb=BUCKET_MB, skip_nonfinite=False)]
+def _checked_and_not(device="cpu"):
+    """Two identical models, one under LionCub with its check, one under LionCub without any."""
+    nets = [model().to(device), model().to(device)]
+    return nets, [LionCub(nets[0].parameters(), lr=1e-2, bucket_mb=BUCKET_MB),
+                  LionCub(nets[1].parameters(), lr=1e-2, bucket_mb=BUCKET_MB, skip_nonfinite=False)]
+
+
+def _steps_read_nothing(reads, nets, opts, device="cpu", scale=1.0, clip=None):
+    """Three steps of each (clipped to `clip`): the checked one's step() reads no gradient; both end equal."""
     for net, opt in zip(nets, opts):
         gen = torch.Generator().manual_seed(1)
         for _ in range(3):
             opt.zero_grad()
             x, y = _batch(gen)
-            torch.nn.functional.cross_entropy(net(x.to(DEVICE)), y.to(DEVICE)).backward()
+            (torch.nn.functional.cross_entropy(net(x.to(device)), y.to(device)) * scale).backward()
+            if clip is not None:
+                assert opt.clip_grad_norm_(clip) > clip
             reads.clear()
             opt.step()
-            assert reads == []
+            assert reads == [] or opt is opts[1]
     assert all(torch.equal(p, q) for p, q in zip(*(n.parameters() for n in nets)))
+
+
+def test_on_the_test_device_equal_to_no_check_and_skipping_a_nan(reads):
+    """On LIONCUB_TEST_DEVICE (CUDA: the check runs on a side stream): steps after a checked backward equal
+    those of an optimizer that never checks, step() reads no gradient, and a NaN loss skips its step."""
+    nets, opts = _checked_and_not(DEVICE)
+    _steps_read_nothing(reads, nets, opts, DEVICE)
     before = [p.detach().clone() for p in nets[0].parameters()]
     opts[0].zero_grad()
     x, y = _batch(torch.Generator().manual_seed(2))
@@ -177,19 +189,8 @@ def test_clipping_keeps_the_flags(reads, nan):
     """opt.clip_grad_norm_ scales by a factor in (0, 1], which keeps every element finite or not: step() still
     reads nothing; a NaN gradient (NaN norm: nothing scaled) still skips the step; the clipped steps equal an
     optimizer that never checks."""
-    nets = [model(), model()]
-    opts = [LionCub(nets[0].parameters(), lr=1e-2, bucket_mb=BUCKET_MB),
-            LionCub(nets[1].parameters(), lr=1e-2, bucket_mb=BUCKET_MB, skip_nonfinite=False)]
-    for net, opt in zip(nets, opts):
-        gen = torch.Generator().manual_seed(1)
-        for _ in range(3):
-            opt.zero_grad()
-            _backward(net, gen, 50.0)  # (a norm well above 0.1: every step is clipped)
-            assert opt.clip_grad_norm_(0.1) > 0.1
-            reads.clear()
-            opt.step()
-            assert reads == [] or opt is opts[1]
-    assert all(torch.equal(p, q) for p, q in zip(*(n.parameters() for n in nets)))
+    nets, opts = _checked_and_not()
+    _steps_read_nothing(reads, nets, opts, scale=50.0, clip=0.1)  # (a norm well above 0.1: every step clipped)
     if nan:
         before = [p.detach().clone() for p in nets[0].parameters()]
         opts[0].zero_grad()
