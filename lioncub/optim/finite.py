@@ -93,7 +93,7 @@ class BackwardCheck:
     def flags(self, buckets) -> list:
         """Per bucket: the flag the last backward took, where it still describes the gradients; else None."""
         current = (self._pending is None and self._versions is not None and len(self._flags) == len(buckets)
-                   and buckets.as_exchanged(self._versions))
+                   and not buckets.private and buckets.as_exchanged(self._versions))
         return list(self._flags) if current else [None] * len(buckets)
 
     def scale(self, buckets, factor: float) -> None:
