@@ -11,6 +11,9 @@ backward, every gradient of the buckets still its view, and the buffers' version
 that backward ended (clipping, unscaling, an edited or replaced .grad change them). A bucket whose gradients
 were not all written into their views (model.zero_grad() sets .grad to None, so backward allocates new ones),
 or that got no gradient for some parameter, gets no flag, and step() reads it as before.
+
+Under a loss scaler (lioncub.GradScaler) the hooks stand aside: its unscale_ reads every gradient anyway, and at
+world size 1 its verdict becomes the flags (`vouch`).
 """
 
 from __future__ import annotations
@@ -103,6 +106,13 @@ class BackwardCheck:
         buckets.scale_(factor)
         if any(f is not None for f in held):
             self._versions = buckets.versions()
+
+    def vouch(self, buckets) -> None:
+        """Another pass that read every gradient (a loss scaler's unscale_) found them all finite: flags that say
+        so, holding while the gradients stay as they are now."""
+        if self._pending is None:
+            true = torch.ones((), dtype=torch.bool, device=buckets.device)
+            self._flags, self._versions = [true] * len(buckets), buckets.versions()
 
     def close(self) -> None:
         for h in self._hooks:

@@ -202,27 +202,34 @@ def test_clipping_keeps_the_flags(reads, nan):
         assert all(torch.equal(a, b) for a, b in zip(before, nets[0].parameters()))
 
 
-def test_under_a_loss_scaler_backward_checks_nothing(reads):
-    """lioncub.GradScaler's unscale_ checks the gradients and rewrites them: after its first unscale_ the hooks
-    stop checking (the flags could not hold), and a step with an inf is skipped by the scaler."""
+def test_under_a_loss_scaler_its_unscale_is_the_check(reads):
+    """lioncub.GradScaler's unscale_ reads every gradient (and rewrites them): after its first unscale_ the hooks
+    stop checking, step() takes unscale_'s verdict and reads nothing, and a step with an inf is skipped by the
+    scaler. The steps equal those of an optimizer that never checks."""
     from lioncub import GradScaler
 
-    net = model()
-    opt = LionCub(net.parameters(), lr=1e-2, bucket_mb=BUCKET_MB)
-    scaler = GradScaler("cpu", init_scale=2.0**10)
-    gen = torch.Generator().manual_seed(1)
-    backward_reads = []
-    for step in range(3):
-        opt.zero_grad()
-        reads.clear()
-        x, y = _batch(gen)
-        scaler.scale(torch.nn.functional.cross_entropy(net(x), y) * (1e38 if step == 2 else 1.0)).backward()
-        backward_reads.append(len(reads))
-        scaler.unscale_(opt)
-        scaler.step(opt)
-        scaler.update()
-    assert backward_reads[0] == len(opt.engine.buckets) and backward_reads[1:] == [0, 0]
-    assert scaler.get_scale() == 2.0**9  # the inf of the third step was found and the scale backed off
+    nets, opts = _checked_and_not()
+    out = []
+    for net, opt in zip(nets, opts):
+        scaler = GradScaler("cpu", init_scale=2.0**10)
+        gen = torch.Generator().manual_seed(1)
+        backward_reads, step_reads = [], []
+        for step in range(4):
+            opt.zero_grad()
+            reads.clear()
+            x, y = _batch(gen)
+            scaler.scale(torch.nn.functional.cross_entropy(net(x), y) * (1e38 if step == 2 else 1.0)).backward()
+            backward_reads.append(len(reads))
+            scaler.unscale_(opt)
+            reads.clear()
+            scaler.step(opt)
+            step_reads.append(len(reads))
+            scaler.update()
+        out.append((backward_reads, step_reads, scaler.get_scale()))
+    assert out[0][0][0] == len(opts[0].engine.buckets) and out[0][0][1:] == [0, 0, 0]
+    assert out[0][1] == [0, 0, 0, 0]
+    assert out[0][2] == out[1][2] == 2.0**9  # the inf of the third step was found and the scale backed off
+    assert all(torch.equal(p, q) for p, q in zip(*(n.parameters() for n in nets)))
 
 
 def test_no_check_in_backward_where_step_would_not_read_it():
