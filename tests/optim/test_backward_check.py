@@ -255,3 +255,20 @@ def test_a_nan_made_during_backward_skips_the_step(replaced):
     opt.step()
     assert opt.stats.skipped_steps == 1
     assert all(torch.equal(a, b) for a, b in zip(before, net.parameters()))
+
+
+def test_a_loss_scale_below_one_is_not_taken_as_a_check(reads):
+    """torch's unscale_ checks the scaled gradients: with a scale below 1 the unscaled ones may overflow, so step()
+    reads them itself."""
+    from lioncub import GradScaler
+
+    net = model()
+    opt = LionCub(net.parameters(), lr=1e-2, bucket_mb=BUCKET_MB)
+    scaler = GradScaler("cpu", init_scale=0.5)
+    opt.zero_grad()
+    x, y = _batch(torch.Generator().manual_seed(1))
+    scaler.scale(torch.nn.functional.cross_entropy(net(x), y)).backward()
+    scaler.unscale_(opt)
+    reads.clear()
+    scaler.step(opt)
+    assert len(reads) == len(opt.engine.buckets)
