@@ -264,10 +264,10 @@ class Engine:
         buckets = self.buckets
         if buckets.copies:  # under DDP the buckets hold copies of .grad: unscale them alike
             buckets.scale_(scaler.inverse_scale(), buffers_only=True)
+        if self.backward_check is not None:  # (torch's unscale_ leaves the version counters as they were)
+            # it read every gradient: all finite, and still so after a multiplication by 1/scale <= 1
+            self.backward_check.vouch(buckets, not local_inf and scaler.get_scale() >= 1.0)
         if self.world_size == 1:
-            # unscale_ read every gradient: all finite, and still so after a multiplication by 1/scale <= 1
-            if not local_inf and self.backward_check is not None and scaler.get_scale() >= 1.0:
-                self.backward_check.vouch(buckets)
             return local_inf
         if dense:  # a check of the averaged gradients: the same on every rank
             if buckets.private:

@@ -107,12 +107,13 @@ class BackwardCheck:
         if any(f is not None for f in held):
             self._versions = buckets.versions()
 
-    def vouch(self, buckets) -> None:
-        """Another pass that read every gradient (a loss scaler's unscale_) found them all finite: flags that say
-        so, holding while the gradients stay as they are now."""
+    def vouch(self, buckets, finite: bool) -> None:
+        """Another pass rewrote every gradient in place (a loss scaler's unscale_, which torch's version counters
+        do not see) after reading them: if it found them all `finite`, flags that say so, holding while the
+        gradients stay as they are now; else no flags."""
         if self._pending is None:
             true = torch.ones((), dtype=torch.bool, device=buckets.device)
-            self._flags, self._versions = [true] * len(buckets), buckets.versions()
+            self._flags, self._versions = [true] * len(buckets), buckets.versions() if finite else None
 
     def close(self) -> None:
         for h in self._hooks:
