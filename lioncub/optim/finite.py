@@ -12,8 +12,8 @@ that backward ended (clipping, unscaling, an edited or replaced .grad change the
 were not all written into their views (model.zero_grad() sets .grad to None, so backward allocates new ones),
 or that got no gradient for some parameter, gets no flag, and step() reads it as before.
 
-Under a loss scaler (lioncub.GradScaler) the hooks stand aside: its unscale_ reads every gradient anyway, and at
-world size 1 its verdict becomes the flags (`vouch`).
+Under a loss scaler (lioncub.GradScaler) the hooks stand aside: its unscale_ reads every gradient anyway, and its
+verdict becomes the flags (`vouch`; torch's unscale_ does not bump the version counters, so it must say so).
 """
 
 from __future__ import annotations
