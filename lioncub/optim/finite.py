@@ -8,7 +8,8 @@ side stream that waits for that moment), and step() takes those flags instead of
 
 step() takes a flag only while it describes the gradients step() is about to use: taken in the last
 backward, every gradient of the buckets still its view, and the buffers' version counters as they were when
-that backward ended (clipping, unscaling, an edited or replaced .grad change them). A bucket whose gradients
+that backward ended (torch's clip_grad_norm_, an edited or replaced .grad change them; LionCub's own clipping
+keeps the flags, and a loss scaler's unscale_ replaces them, below). A bucket whose gradients
 were not all written into their views (model.zero_grad() sets .grad to None, so backward allocates new ones),
 or that got no gradient for some parameter, gets no flag, and step() reads it as before.
 
@@ -119,6 +120,9 @@ class BackwardCheck:
         for h in self._hooks:
             h.remove()
         self._hooks = []
+
+    def __del__(self):
+        self.close()
 
 
 def active(engine) -> bool:
