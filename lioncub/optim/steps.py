@@ -133,7 +133,7 @@ def compressed(engine, clock) -> None:
     units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
     prepared, early = [], check_from_backward(engine, xs)
-    finite = [] if early is None else [early]
+    flags = [] if early is None else [early]
     for b, x in zip(units, xs):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
@@ -141,13 +141,13 @@ def compressed(engine, clock) -> None:
         mult = None
         if early is None:  # (without L1 scales the pre-pass is only the check backward took)
             ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
-            finite.append(ok)
+            flags.append(ok)
         prepared.append((g, offsets, mult))
         seconds["comm"] += t1 - t0
         seconds["quantize"] += clock() - t1
     collectives = [c for x in xs for c in x.collectives if c.op == "reducescatter"] + [wire.CONTROL]
     t1 = clock()
-    bad, _, unused = agree_control(nonfinite_flag(finite), None, layout.group, buckets.device, len(buckets.unused))
+    bad, _, unused = agree_control(nonfinite_flag(flags), None, layout.group, buckets.device, len(buckets.unused))
     bad = bad if engine.skip_nonfinite else 0
     untouched = engine.untouched(unused, collectives)
     seconds["comm"] += clock() - t1
