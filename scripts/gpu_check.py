@@ -781,7 +781,7 @@ def _iterations(ctx: Ctx, torch, device, runs: dict, backward) -> tuple[dict, bo
             if i >= 3:
                 for part, t in (("backward", t_back), ("step", t_step), ("iteration", t_back + t_step)):
                     times[name][part].append(t)
-        if ctx.left() < 5:
+        if i >= 3 and ctx.left() < 5:  # (at least one timed iteration: a median needs one)
             break
     return {k: {part: round(statistics.median(v), 4) for part, v in t.items()} for k, t in times.items()}, all(used)
 

@@ -112,9 +112,11 @@ class BackwardCheck:
         """Another pass rewrote every gradient in place (a loss scaler's unscale_, which torch's version counters
         do not see) after reading them: if it found them all `finite`, flags that say so, holding while the
         gradients stay as they are now; else no flags."""
-        if self._pending is None:
+        if self._pending is None and finite:
             true = torch.ones((), dtype=torch.bool, device=buckets.device)
-            self._flags, self._versions = [true] * len(buckets), buckets.versions() if finite else None
+            self._flags, self._versions = [true] * len(buckets), buckets.versions()
+        elif self._pending is None:
+            self._flags, self._versions = [], None
 
     def close(self) -> None:
         for h in self._hooks:
