@@ -271,6 +271,10 @@ class BucketSet:
         """The gradient buffers' version counters (torch's in-place write counters)."""
         return [version_of(b.g) for b in self.buckets]
 
+    def momentum_versions(self) -> list[int]:
+        """The momentum buffers' version counters."""
+        return [version_of(b.m) for b in self.buckets]
+
     def as_exchanged(self, versions) -> bool:
         """Whether the gradients are still those of `versions`, in their views (private copies: only the
         optimizer writes them, always)."""

@@ -17,6 +17,8 @@ always, identical on every rank.
 
 from __future__ import annotations
 
+import torch
+
 from lioncub.optim.buckets import BUCKET_ALIGN
 
 
@@ -33,14 +35,22 @@ class Run:
         self.members, self.group_index, self.order = tuple(members), first.group_index, first.order
         self.p, self.g, self.m = P[lo:hi], G[lo:hi], M[lo:hi]
         self.n = self.shard = hi - lo
-        bounds = [0]
+        bounds, self._parts = [0], []  # _parts: per segment run, its bucket's index, or None for padding
         for k in members:
             b = buckets[k]
             at = b.start - lo
             if at > bounds[-1]:
                 bounds.append(at)  # the padding before bucket k: a segment of its own
+                self._parts.append(None)
             bounds += [at + o for o in b.offsets[1:]]
+            self._parts.append(k)
         self.offsets = bounds
+
+    def joined(self, per_bucket: list) -> torch.Tensor:
+        """A per-segment tensor of the run from its buckets' (`per_bucket[k]`: one value per parameter tensor of
+        bucket k), 0 for the padding between them."""
+        zero = per_bucket[self.members[0]].new_zeros(1)
+        return torch.cat([zero if k is None else per_bucket[k] for k in self._parts])
 
 
 def plan(buckets, cap_bytes: int) -> list[list[int]] | None:

@@ -132,16 +132,17 @@ def compressed(engine, clock) -> None:
     buckets, layout = engine.buckets, engine.layout
     units, xs = engine.step_units(engine.spec)
     seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
-    prepared, early = [], check_from_backward(engine, xs)
-    flags = [] if early is None else [early]
-    for b, x in zip(units, xs):
+    prepared, early = [], pre_pass_from_backward(engine, units, xs)
+    flags = [] if early is None else [early[0]]
+    for j, (b, x) in enumerate(zip(units, xs)):
         t0 = clock()
         g, offsets, _ = layout.codec_input(b, x, b.g)
         t1 = clock()
-        mult = None
-        if early is None:  # (without L1 scales the pre-pass is only the check backward took)
+        if early is None:
             ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
             flags.append(ok)
+        else:
+            mult = early[1][j]
         prepared.append((g, offsets, mult))
         seconds["comm"] += t1 - t0
         seconds["quantize"] += clock() - t1
@@ -178,12 +179,16 @@ def all_finite(engine) -> bool:
     return finite.all_finite(engine) if engine.world_size == 1 else engine.buckets.all_finite()
 
 
-def check_from_backward(engine, xs):
-    """The check backward took, if it holds and the codec, without L1 scales, reads this rank's own gradients
-    (its pre-pass is then that check alone); else None."""
-    if not engine.layout.codec_reads_local or any(x.codec.l1 for x in xs):
+def pre_pass_from_backward(engine, units, xs):
+    """The pre-pass backward took, if the codec reads this rank's own gradients and it holds: (the check, per
+    unit the L1 multipliers or None); else None."""
+    if not engine.layout.codec_reads_local:
         return None
-    return finite.taken_in_backward(engine)
+    flag = finite.taken_in_backward(engine)
+    if flag is None or not xs or not xs[0].codec.l1:
+        return None if flag is None else (flag, [None] * len(xs))
+    mults = finite.scales_taken_in_backward(engine, units, xs[0])
+    return None if mults is None else (flag, mults)
 
 
 def apply_pass(engine, clock, done) -> None:

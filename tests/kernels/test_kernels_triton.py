@@ -254,6 +254,31 @@ def test_prepass_l1_multipliers(T, tiles, n):
     assert n < 40 or (mult1 > 0).sum() > len(offsets) // 2  # most tensors have a scale
 
 
+@pytest.mark.parametrize("twin", [False, True])
+def test_l1_multipliers_of_a_run_are_its_buckets_joined(T, tiles, twin):
+    """Backward takes l1-pbit's pre-pass per bucket (lioncub.optim.finite); step() may exchange a run of buckets
+    (lioncub.optim.runs): the buckets' multipliers, joined with 0 for the padding, are bit for bit the run's."""
+    from lioncub import LionCub
+    from lioncub.optim import runs
+
+    ops = ref if twin else T
+    params = [torch.nn.Parameter(torch.zeros(n, device=DEVICE)) for n in (5, 3000, 7, 4100, 1, 9000)]
+    buckets = LionCub(params, bucket_mb=3000 * 4 / 2**20).engine.buckets
+    run = runs.Run(buckets, list(range(len(buckets))))
+    assert len(buckets) >= 3 and len(run.offsets) > sum(len(b.offsets) - 1 for b in buckets) + 1  # padding
+    gen = torch.Generator().manual_seed(5)
+    run.g.copy_(torch.randn(run.n, generator=gen))
+    run.m.copy_(torch.randn(run.n, generator=gen) * 0.1)
+    for b in buckets:  # the padding: no parameter, zero gradient and momentum
+        at = b.start - buckets[0].start
+        run.g[at + b.n : at + -(-b.n // 4096) * 4096].zero_()
+        run.m[at + b.n : at + -(-b.n // 4096) * 4096].zero_()
+    l1 = codec("l1-pbit")
+    each = [ops.prepass(l1, b.g, b.m, beta1=B1, offsets=b.offsets, levels=7)[1] for b in buckets]
+    whole = ops.prepass(l1, run.g, run.m, beta1=B1, offsets=run.offsets, levels=7)[1]
+    assert torch.equal(run.joined(each), whole) and (whole > 0).sum() == len(params)
+
+
 @pytest.mark.parametrize("method", ["vote-1bit", "vote-pbit", "l1-pbit"])
 @pytest.mark.parametrize("where, bad", [("first", float("nan")), ("middle", float("inf")), ("last", -float("inf"))])
 def test_prepass_flags_non_finite(T, tiles, method, where, bad):

@@ -130,20 +130,32 @@ def test_no_check_without_skipping():
 
 @pytest.mark.parametrize("method", ["vote-1bit", "l1-pbit"])
 def test_communicating_step_uses_the_check_and_skips_on_every_rank(method):
-    """overlap=False, 3 Gloo ranks, a NaN loss on rank 1 at step 2: every rank skips it. vote-1bit's pre-pass
-    is the check backward took: none in step() (l1-pbit still needs its scales); with the flags made stale by
-    an in-place no-op on every gradient, the pre-pass runs and the parameters come out bit-identical."""
+    """overlap=False, 3 Gloo ranks, a NaN loss on rank 1 at step 2: every rank skips it. The pre-pass (the check;
+    for l1-pbit with its L1 scales) ran in backward: none in step(); with the flags made stale by an in-place
+    no-op on every gradient, the pre-pass runs in step() and the parameters come out bit-identical."""
     used = spawn(finite_cases.train, 3, method, 1)
     stale = spawn(finite_cases.train, 3, method, 1, True)
     for r, s in zip(used, stale):
         assert [st["moved"] for st in r["steps"]] == [True, False, True, True] and r["skipped"] == 1
         assert all(torch.equal(a, b) for a, b in zip(r["params"], s["params"]))
         assert all(st["prepass"] > 0 for st in s["steps"])
-        if method == "vote-1bit":
-            assert all(st["prepass"] == 0 for st in r["steps"])
-        else:
-            assert all(st["prepass"] > 0 for st in r["steps"])
+        assert all(st["prepass"] == 0 for st in r["steps"])
     assert all(torch.equal(a, b) for a, b in zip(used[0]["params"], used[2]["params"]))
+
+
+@pytest.mark.parametrize("edit", [None, "momentum", "beta1", "clip"])
+def test_l1_scales_from_backward_hold_only_while_their_inputs_do(edit):
+    """l1-pbit, 2 Gloo ranks, overlap=False, automatic buckets (step() exchanges runs of them): the L1 scales
+    backward took give the bits the pre-pass in step() gives. A momentum or beta1 changed after backward, or
+    clipping (which scales g), make step() compute them again (the check still holds), with the same result
+    as when every flag is stale."""
+    used = spawn(finite_cases.train, 2, "l1-pbit", None, False, 4, edit, True)
+    stale = spawn(finite_cases.train, 2, "l1-pbit", None, True, 4, edit, True)
+    for r, s in zip(used, stale):
+        assert r["runs"] < r["buckets"]
+        assert [st["prepass"] > 0 for st in r["steps"]] == [False, False, edit is not None, False]
+        assert all(torch.equal(a, b) for a, b in zip(r["params"] + r["momenta"], s["params"] + s["momenta"]))
+        assert all(st["moved"] for st in r["steps"])
 
 
 def _checked_and_not(device="cpu"):
@@ -233,12 +245,13 @@ def test_under_a_loss_scaler_its_unscale_is_the_check(reads):
 
 
 def test_no_check_in_backward_where_step_would_not_read_it():
-    """2 Gloo ranks, overlap=False: a dense step on several ranks checks their mean, and l1-pbit's pre-pass
-    computes its scales anyway, so the hooks read nothing there; the vote methods' steps take the check."""
+    """2 Gloo ranks, overlap=False: a dense step on several ranks checks their mean, so the hooks read nothing
+    there; the vote methods' steps take the check, l1-pbit's the whole pre-pass (the check with its scales)."""
     n = {m: spawn(finite_cases.backward_reads, 2, m) for m in ("allreduce", "l1-pbit", "vote-1bit", "vote-pbit")}
+    expected = {"allreduce": None, "l1-pbit": "prepass", "vote-1bit": "finite_flag", "vote-pbit": "finite_flag"}
     for m, out in n.items():
         for reads, buckets in out:
-            assert reads == (buckets if m.startswith("vote") else 0), (m, reads, buckets)
+            assert reads == ({expected[m]: buckets} if expected[m] else {}), (m, reads, buckets)
 
 
 @pytest.mark.parametrize("replaced", [False, True])

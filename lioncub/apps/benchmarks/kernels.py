@@ -3,8 +3,8 @@
 On a GPU (Triton kernels), for bucket sizes from 1M to 256M elements: GB/s moved by each kernel (the
 bytes it must read and write, by design, over its time), its fraction of the copy bandwidth measured in
 the same run (`dst.copy_(src)`), and whole-step times: a compressed step without communication
-(prepass, quantize-and-pack, vote, unpack-and-apply; "checked": without the pre-pass, whose finite check
-backward takes) against the plain fused Lion step, against the torch
+(prepass, quantize-and-pack, vote, unpack-and-apply; "checked": without the pre-pass, which backward takes:
+the finite check, and for l1-pbit its L1 scales too) against the plain fused Lion step, against the torch
 twins on the same GPU and against lion-pytorch's Triton Lion. Targets on an H100: quantize-and-pack and
 unpack-and-apply at >= 85% of copy bandwidth; the compressed step within 1.3x of the plain fused step.
 
@@ -187,6 +187,10 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
         ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)
         step_1bit_checked()
 
+    def step_l1_checked():  # the pre-pass (the check and the L1 scales) ran during backward
+        ops.quantize_pack(l1, g, m, b.fields, layout=lay, mult=b.mult, offsets=offsets, levels=s, **hp)
+        ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)
+
     def step_l1():
         _, k = ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)
         ops.quantize_pack(l1, g, m, b.fields, layout=lay, mult=k, offsets=offsets, levels=s, **hp)
@@ -196,7 +200,8 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
         ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay, momentum=(g, m, 0.99))
 
     steps = {"lion": kernels[0][2], "vote-1bit": step_1bit, "vote-1bit-checked": step_1bit_checked, "l1-pbit": step_l1,
-             "vote-1bit-overlapped": apply_deferred, "l1-pbit-overlapped": apply_deferred_l1}
+             "l1-pbit-checked": step_l1_checked, "vote-1bit-overlapped": apply_deferred,
+             "l1-pbit-overlapped": apply_deferred_l1}
     return kernels, steps, (p, g, m)
 
 
@@ -397,20 +402,22 @@ def format_report(res: dict) -> str:
         lines.append(f"{human(r['size']):>5s}  {r['kernel']:32s} {r['ms']:9.3f} {r['gbps']:8.1f} "
                      f"{100 * r['of_copy']:7.0f}%")
     lines += ["", f"{'size':>5s}  {'step (ms)':30s} {'lion':>8s} {'vote-1bit':>10s} {'(checked)':>10s} "
-              f"{'l1-pbit':>9s} {'lion-pytorch':>13s}"]
+              f"{'l1-pbit':>9s} {'(checked)':>10s} {'lion-pytorch':>13s}"]
     for s in res["steps"]:
         lp = "" if s["lion_pytorch_ms"] is None else f"{s['lion_pytorch_ms']:.3f}"
-        checked = s.get("vote-1bit-checked_ms")  # (absent from runs before the check moved into backward)
+        # (the checked rows are absent from runs before the pre-pass moved into backward)
+        checked, l1_checked = s.get("vote-1bit-checked_ms"), s.get("l1-pbit-checked_ms")
         lines.append(f"{human(s['size']):>5s}  {res['backend']:30s} {s['lion_ms']:8.3f} {s['vote-1bit_ms']:10.3f} "
-                     f"{_ms(checked):>10s} {s['l1-pbit_ms']:9.3f} {lp:>13s}")
+                     f"{_ms(checked):>10s} {s['l1-pbit_ms']:9.3f} {_ms(l1_checked):>10s} {lp:>13s}")
         if res["backend"] != "torch twins":
             lines.append(f"{'':>5s}  {'torch twins (same device)':30s} {s['twin_lion_ms']:8.3f} "
                          f"{s['twin_vote-1bit_ms']:10.3f} {_ms(s.get('twin_vote-1bit-checked_ms')):>10s} "
-                         f"{s['twin_l1-pbit_ms']:9.3f}")
+                         f"{s['twin_l1-pbit_ms']:9.3f} {_ms(s.get('twin_l1-pbit-checked_ms')):>10s}")
         lines.append(f"{'':>5s}  {'x plain Lion':30s} {1:8.2f} {s['vote-1bit_ms'] / s['lion_ms']:10.2f} "
-                     f"{_ms(checked and checked / s['lion_ms'], 2):>10s} {s['l1-pbit_ms'] / s['lion_ms']:9.2f}")
-    lines += ["", "(checked): vote-1bit's step when backward took the finite check (lioncub.optim.finite): "
-                  "quantize, vote, apply"]
+                     f"{_ms(checked and checked / s['lion_ms'], 2):>10s} {s['l1-pbit_ms'] / s['lion_ms']:9.2f} "
+                     f"{_ms(l1_checked and l1_checked / s['lion_ms'], 2):>10s}")
+    lines += ["", "(checked): the step when backward took the pre-pass (lioncub.optim.finite): vote-1bit's finite "
+                  "check, l1-pbit's check and L1 scales; quantize, vote, apply"]
     for name in ("vote-1bit", "l1-pbit"):
         over = [s for s in res["steps"] if s.get(f"{name}-overlapped_ms")]
         if over:
