@@ -28,6 +28,9 @@ def _step_arguments(p) -> None:
     p.add_argument("--bucket-mb", dest="bucket_mb", type=float, default=None,
                    help="also run each method with buckets of this many MiB (rows method@<size>MiB), e.g. 64: the "
                         "default buckets against one large bucket in the same run")
+    p.add_argument("--backward", action="store_true",
+                   help="the gradients come through autograd before each step, and LionCub runs with overlap=False: "
+                        "step() communicates, and takes the pre-pass backward took (default: gradients set by hand)")
     p.add_argument("--json", action="store_true")
 
 

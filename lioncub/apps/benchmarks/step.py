@@ -63,7 +63,7 @@ def public_majority_vote_step(params, grads, moms, lr=1e-4, b1=0.9, b2=0.99):
         m.mul_(b2).add_(g, alpha=1 - b2)
 
 
-def _rank_main(rank, world_size, shapes, methods, steps, rounds, public):
+def _rank_main(rank, world_size, shapes, methods, steps, rounds, public, backward=False):
     from lioncub import LionCub
 
     local_group, _ = dist.new_subgroups(group_size=1)
@@ -80,11 +80,14 @@ def _rank_main(rank, world_size, shapes, methods, steps, rounds, public):
             group = local_group if name == "local" else None
             method, _, mb = name.partition("@")
             opt = LionCub(params, lr=1e-4, method="allreduce" if name == "local" else method, process_group=group,
-                          bucket_mb=float(mb.removesuffix("MiB")) if mb else None)
+                          bucket_mb=float(mb.removesuffix("MiB")) if mb else None, overlap=not backward)
             for p, g in zip(params, grads):
                 p.grad.copy_(g)
             step = opt.step
         for i in range(steps + 1):
+            if backward:  # (no public scheme: it takes `grads` as they are)
+                opt.zero_grad()
+                torch.autograd.backward(params, grads)
             dist.barrier()
             t = time.perf_counter()
             step()
@@ -140,8 +143,9 @@ def _single_process(shapes, steps):
 
 
 def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, public=True,
-               bucket_mb: float | None = None) -> dict:
-    """`bucket_mb`: each method also runs with buckets of that size (rows "method@<size>MiB"), side by side."""
+               bucket_mb: float | None = None, backward: bool = False) -> dict:
+    """`bucket_mb`: each method also runs with buckets of that size (rows "method@<size>MiB"), side by side.
+    `backward`: the gradients come through autograd before each (timed) step(), under overlap=False."""
     from lioncub.comm.spawn import spawn
 
     methods = list(methods or METHODS)
@@ -149,7 +153,8 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
         methods += [f"{m}@{bucket_mb:g}MiB" for m in methods]
     shapes = transformer_shapes(params)
     n = sum(torch.Size(s).numel() for s in shapes)
-    per_rank = spawn(_rank_main, ranks, shapes, methods, steps, rounds, public, timeout=1800)
+    per_rank = spawn(_rank_main, ranks, shapes, methods, steps, rounds, public and not backward, backward,
+                     timeout=1800)
     ms = {k: max(r["ms"][k] for r in per_rank) for k in per_rank[0]["ms"]}  # the slowest rank sets the pace
     base_bytes = per_rank[0]["bytes"].get("allreduce") or bus_factor("allreduce", ranks) * 4 * n
     rows = []
@@ -158,17 +163,18 @@ def bench_step(ranks=4, params=5_000_000, steps=6, rounds=3, methods=None, publi
         rows.append(dict(method=name, ms=round(t, 2), x_local=round(t / ms["local"], 2),
                          bytes_sent=b, bytes_vs_fp32=None if b is None else round(b / base_bytes, 4)))
     return dict(ranks=ranks, params=n, tensors=len(shapes), threads_per_rank=max(1, torch.get_num_threads() // ranks),
-                rows=rows, single_process=_single_process(shapes, steps + 1))
+                gradients="through autograd, overlap=False" if backward else "set by hand", rows=rows,
+                single_process=_single_process(shapes, steps + 1))
 
 
 def run(args) -> int:
     res = bench_step(args.ranks, int(args.params), args.steps, args.rounds, args.methods, not args.no_public,
-                     args.bucket_mb)
+                     args.bucket_mb, args.backward)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     print(f"{res['ranks']} Gloo ranks over loopback, {res['params'] / 1e6:.2f}M parameters in "
-          f"{res['tensors']} tensors (median ms per step, slowest rank)")
+          f"{res['tensors']} tensors, gradients {res['gradients']} (median ms per step(), slowest rank)")
     print(f"{'method':22s} {'ms/step':>9s} {'x local':>8s} {'bytes sent':>12s} {'vs fp32':>8s}")
     for r in res["rows"]:
         b = "" if r["bytes_sent"] is None else f"{r['bytes_sent']:,}"
