@@ -14,7 +14,7 @@ import os
 from . import reference
 
 MODES = ("auto", "torch", "triton")
-OPS = ("lion_step", "prepass", "quantize_pack", "vote", "unpack_apply")
+OPS = ("lion_step", "prepass", "quantize_pack", "quantize_pack_checked", "vote", "unpack_apply")
 
 
 def mode() -> str:
@@ -83,6 +83,11 @@ def prepass(codec, g, m, **kw):
 
 def quantize_pack(codec, g, m, out, **kw):
     return implementation(g).quantize_pack(codec, g, m, out, **kw)
+
+
+def quantize_pack_checked(codec, g, m, out, **kw):
+    """quantize_pack, returning whether every element of g is finite (finite_flag's answer, no read of its own)."""
+    return implementation(g).quantize_pack_checked(codec, g, m, out, **kw)
 
 
 def vote(rows, out_sign, out_nonzero=None):

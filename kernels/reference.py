@@ -268,18 +268,40 @@ def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2:
     "signs": `out` is uint8 with 8*out.numel() >= n bits (padding bits are unspecified).
     "fields": `out` holds layout.words(n) words of layout.dtype.
     """
+    _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum, None)
+    return out
+
+
+def quantize_pack_checked(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
+                          zero_parity: int = 0, layout: FieldLayout | None = None,
+                          mult: torch.Tensor | None = None, offsets: list[int] | None = None,
+                          levels: int = 0, update_momentum: bool = True) -> torch.Tensor:
+    """quantize_pack, returning whether every element of g is finite (a 0-dim bool tensor on g's device),
+    checked piece by piece while each piece of g is in cache."""
+    flags: list = []
+    _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum, flags)
+    return torch.stack(flags).all() if flags else torch.ones((), dtype=torch.bool, device=g.device)
+
+
+def _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum,
+              flags: list | None) -> None:
+    """quantize_pack's pieces; `flags`, if a list, gets each piece's "g all finite" flag."""
     n, dev = g.numel(), g.device
     if codec.kind == "signs":
         for _, s, e in pieces(n, device=dev):  # starts are multiples of 64: whole bytes, same index parity
+            if flags is not None:
+                flags.append(torch.isfinite(g[s:e]).all())
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, dev))
             if update_momentum:
                 momentum_update_(m[s:e], g[s:e], beta2)
             pack_signs(c, out[s // 8 : e // 8 if e < n else out.numel()], zero_parity)
-        return out
+        return
     _check_fields(codec)
     values = scratch("values", n, torch.float32, dev)
     scales = mult.tolist() if codec.l1 else None
     for seg, s, e in pieces(n, offsets if scales else None, dev):
+        if flags is not None:
+            flags.append(torch.isfinite(g[s:e]).all())
         c = lion_direction(g[s:e], m[s:e], beta1, values[s:e])
         if update_momentum:
             momentum_update_(m[s:e], g[s:e], beta2)
@@ -287,7 +309,7 @@ def quantize_pack(codec: Codec, g, m, out: torch.Tensor, *, beta1: float, beta2:
             c.sign_().add_(1)  # sign(c) + 1, in {0, 1, 2}
         else:
             c.mul_(scales[seg]).round_().clamp_(-levels, levels).add_(levels)  # q + s, in [0, 2s]
-    return pack_fields(values, layout, out)  # integral floats convert exactly to the word type
+    pack_fields(values, layout, out)  # integral floats convert exactly to the word type
 
 
 def pack_signs(c: torch.Tensor, out: torch.Tensor, zero_parity: int = 0) -> torch.Tensor:

@@ -7,6 +7,7 @@ One launch per flat bucket, one pass over memory per kernel:
   finite_flag    g -> whether all of it is finite           (read only)
   prepass        g (and m for l1-pbit) -> finite flag, L1 multipliers per tensor (read only)
   quantize_pack  g, m -> packed code, m                   c, code and momentum update in one pass
+                 (quantize_pack_checked: and whether g is all finite, counted in that pass)
   vote           N packed 1-bit rows -> majority bits     bit-sliced popcount, nothing unpacked
   unpack_apply   code, p -> p                             decode U and apply decay + step in one pass
 See docs/KERNELS.md for layouts and bytes moved per parameter.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from .triton_apply import unpack_apply
 from .triton_lion import lion_step
 from .triton_prepass import finite_flag, prepass
-from .triton_quantize import quantize_pack
+from .triton_quantize import quantize_pack, quantize_pack_checked
 from .triton_vote import vote
 
-__all__ = ["lion_step", "finite_flag", "prepass", "quantize_pack", "vote", "unpack_apply"]
+__all__ = ["lion_step", "finite_flag", "prepass", "quantize_pack", "quantize_pack_checked", "vote", "unpack_apply"]

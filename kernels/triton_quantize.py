@@ -12,6 +12,10 @@ element 8b+j (little-endian):
 Elements past n (the padding of a 1-bit all-to-all buffer) read as g = m = 0, so they vote like c == 0,
 as in the torch twin.
 
+`quantize_pack_checked` also counts the non-finite gradients each program read (CHECK: one int32 per
+program, which the host-side wrapper reduces on the device), so where the momentum update waits for the
+ranks' agreement (the overlapped step) the non-finite check costs no read of its own.
+
 p-bit methods: the planar layout of lioncub.comm.wire.FieldLayout, W words of F fields of `width` bits:
 
     word w  =  v[w] | v[W + w] << width | v[2W + w] << 2*width | ... | v[(F-1)W + w] << (F-1)*width
@@ -33,6 +37,7 @@ import triton.language as tl
 
 from .triton_common import (
     CFG,
+    FP32_MAX,
     LAUNCH,
     cached,
     check_flat,
@@ -54,13 +59,16 @@ from .triton_common import (
 
 
 @device_fn
-def _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity,
-                 UPDATE_M: tl.constexpr, MASKED: tl.constexpr, EMU: tl.constexpr):
+def _onebit_tile(g_ptr, m_ptr, out_ptr, bad_ptr, pid, rows, n, nbytes, beta1, omb1, beta2, omb2, parity,
+                 UPDATE_M: tl.constexpr, MASKED: tl.constexpr, EMU: tl.constexpr, CHECK: tl.constexpr):
     j = tl.arange(0, 8)
     i = rows[:, None] * 8 + j[None, :]
     mask = i < n
     g = load(g_ptr, i, mask, MASKED).to(tl.float32)
     m = load(m_ptr, i, mask, MASKED).to(tl.float32)
+    if CHECK:
+        bad = tl.where(tl.abs(g) <= FP32_MAX, 0, 1)  # (NaN compares false)
+        tl.store(bad_ptr + pid, total(total(bad, axis=1), axis=0))
     c = lion_direction(g, m, beta1, omb1)
     if UPDATE_M:
         store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
@@ -71,17 +79,17 @@ def _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb
 
 
 @triton.jit
-def onebit_kernel(g_ptr, m_ptr, out_ptr, n, nbytes, beta1, omb1, beta2, omb2, parity,
-                   BYTES: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
+def onebit_kernel(g_ptr, m_ptr, out_ptr, bad_ptr, n, nbytes, beta1, omb1, beta2, omb2, parity,
+                   BYTES: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr, CHECK: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BYTES + tl.arange(0, BYTES)
     end = (pid + 1) * BYTES
     if (end * 8 <= n) & (end <= nbytes):
-        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, UPDATE_M, False,
-                     EMU)
+        _onebit_tile(g_ptr, m_ptr, out_ptr, bad_ptr, pid, rows, n, nbytes, beta1, omb1, beta2, omb2, parity,
+                     UPDATE_M, False, EMU, CHECK)
     else:
-        _onebit_tile(g_ptr, m_ptr, out_ptr, rows, n, nbytes, beta1, omb1, beta2, omb2, parity, UPDATE_M, True,
-                     EMU)
+        _onebit_tile(g_ptr, m_ptr, out_ptr, bad_ptr, pid, rows, n, nbytes, beta1, omb1, beta2, omb2, parity,
+                     UPDATE_M, True, EMU, CHECK)
 
 
 @device_fn
@@ -104,16 +112,19 @@ def _l1_multiplier(mult_ptr, off_ptr, seg_ptr, i, slot, BW: tl.constexpr, NSTEPS
 
 
 @device_fn
-def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                 levels, CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
+def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, bad_ptr, w, pid, n, W, beta1, omb1, beta2,
+                 omb2, levels, CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
                  BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, MASKED: tl.constexpr,
-                 EMU: tl.constexpr):
+                 EMU: tl.constexpr, CHECK: tl.constexpr):
     acc = tl.full([BW], 0, tl.int64 if WIDE else tl.int32)
+    bad = tl.full([BW], 0, tl.int32)
     for j in tl.static_range(FIELDS):
         i = j * W + w
         mask = (w < W) & (i < n)
         g = load(g_ptr, i, mask, MASKED).to(tl.float32)
         m = load(m_ptr, i, mask, MASKED).to(tl.float32)
+        if CHECK:
+            bad += tl.where(tl.abs(g) <= FP32_MAX, 0, 1)
         c = lion_direction(g, m, beta1, omb1)
         if UPDATE_M:
             store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
@@ -126,21 +137,24 @@ def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W
             v = tl.where(mask, v, 0.0)  # fields past n stay 0
         acc += v.to(acc.dtype) << (WIDTH * j)
     store(out_ptr, w, acc.to(out_ptr.dtype.element_ty), w < W, MASKED)
+    if CHECK:
+        tl.store(bad_ptr + pid, total(bad, axis=0))
 
 
 @triton.jit
-def fields_kernel(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, n, W, beta1, omb1, beta2, omb2, levels,
-                   CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
-                   BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr):
+def fields_kernel(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, bad_ptr, n, W, beta1, omb1, beta2, omb2,
+                   levels, CODEC: tl.constexpr, WIDTH: tl.constexpr, FIELDS: tl.constexpr, WIDE: tl.constexpr,
+                   BW: tl.constexpr, NSTEPS: tl.constexpr, UPDATE_M: tl.constexpr, EMU: tl.constexpr,
+                   CHECK: tl.constexpr):
     pid = tl.program_id(0)
     w = pid * BW + tl.arange(0, BW)
     end = (pid + 1) * BW
     if (end <= W) & ((FIELDS - 1) * W + end <= n):
-        _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                     levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, False, EMU)
+        _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, bad_ptr, w, pid, n, W, beta1, omb1, beta2,
+                     omb2, levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, False, EMU, CHECK)
     else:
-        _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, w, pid, n, W, beta1, omb1, beta2, omb2,
-                     levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, True, EMU)
+        _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, bad_ptr, w, pid, n, W, beta1, omb1, beta2,
+                     omb2, levels, CODEC, WIDTH, FIELDS, WIDE, BW, NSTEPS, UPDATE_M, True, EMU, CHECK)
 
 
 def field_words_per_program(fields: int) -> int:
@@ -166,6 +180,23 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
                   layout=None, mult: torch.Tensor | None = None, offsets=None, levels: int = 0,
                   update_momentum: bool = True) -> torch.Tensor:
     """Form c, write the codec's packed code into `out`, update m in place: one launch, one pass."""
+    _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum, False)
+    return out
+
+
+def quantize_pack_checked(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float, zero_parity: int = 0,
+                          layout=None, mult: torch.Tensor | None = None, offsets=None, levels: int = 0,
+                          update_momentum: bool = True) -> torch.Tensor:
+    """quantize_pack, returning whether every element of g is finite (a 0-dim bool tensor on g's device, no host
+    sync), counted in the same pass."""
+    bad = _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum,
+                    True)
+    return torch.ones((), dtype=torch.bool, device=g.device) if bad is None else ~bad.any()
+
+
+def _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets, levels, update_momentum,
+              check: bool) -> torch.Tensor | None:
+    """The launch; with `check`, the per-program non-finite counts (None where nothing was launched)."""
     n = check_flat(g, m)
     scalars = (float(beta1), float(1 - beta1), float(beta2), float(1 - beta2))
     if not out.is_contiguous() or out.device != g.device:
@@ -174,12 +205,14 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
         nbytes = out.numel()
         covered = max(nbytes, triton.cdiv(n, 8))
         if covered == 0:
-            return out
+            return None
         rows, warps = CFG["onebit"]
-        onebit_kernel[(triton.cdiv(covered, rows),)](g, m, out, n, nbytes, *scalars, int(zero_parity) % 2,
-                                                      BYTES=rows, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
-                                                      **LAUNCH, num_warps=warps)
-        return out
+        grid = triton.cdiv(covered, rows)
+        bad = torch.empty(grid, dtype=torch.int32, device=g.device) if check else dummy(g.device)
+        onebit_kernel[(grid,)](g, m, out, bad, n, nbytes, *scalars, int(zero_parity) % 2, BYTES=rows,
+                               UPDATE_M=bool(update_momentum), EMU=emulate_bf16(), CHECK=check, **LAUNCH,
+                               num_warps=warps)
+        return bad if check else None
     codec_id = field_codec_id(codec)
     W, F = out.numel(), layout.per_word
     if W * F < n:
@@ -187,7 +220,7 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
     if out.dtype != getattr(torch, layout.dtype):
         raise ValueError(f"quantize_pack: out is {out.dtype}, the layout needs {layout.dtype}")
     if W == 0:
-        return out
+        return None
     bw = field_words_per_program(F)
     if codec.l1:
         if mult is None or offsets is None:
@@ -198,8 +231,10 @@ def quantize_pack(codec, g, m, out: torch.Tensor, *, beta1: float, beta2: float,
     else:
         off = seg = mult = dummy(g.device)  # not read by this specialisation
         nsteps = 1
-    fields_kernel[(triton.cdiv(W, bw),)](
-        g, m, out, mult, off, seg, n, W, *scalars, float(levels), CODEC=codec_id, WIDTH=layout.width,
+    grid = triton.cdiv(W, bw)
+    bad = torch.empty(grid, dtype=torch.int32, device=g.device) if check else dummy(g.device)
+    fields_kernel[(grid,)](
+        g, m, out, mult, off, seg, bad, n, W, *scalars, float(levels), CODEC=codec_id, WIDTH=layout.width,
         FIELDS=F, WIDE=layout.word_bits == 64, BW=bw, NSTEPS=nsteps, UPDATE_M=bool(update_momentum), EMU=emulate_bf16(),
-        **LAUNCH, num_warps=CFG["fields"][1])
-    return out
+        CHECK=check, **LAUNCH, num_warps=CFG["fields"][1])
+    return bad if check else None

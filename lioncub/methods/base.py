@@ -151,8 +151,9 @@ class Exchange:
       3. `__call__()`: the collectives, with `vote()` (the local work between them) where the method has
          one; returns `agreed()`, the agreed code;
       4. `apply(p, code, ...)`: p <- p(1 - lr wd) - lr U from the agreed code (and a deferred momentum update).
-    `encode` is steps 1 and 2. A dense method has no codec: its `code` is the gradients, which `__call__`
-    averages in place. `layout` is the p-bit FieldLayout or None; `collectives` what one call puts on the wire.
+    `encode` is steps 1 and 2 (one pass where step 1 is only the finite check). A dense method has no codec:
+    its `code` is the gradients, which `__call__` averages in place. `layout` is the p-bit FieldLayout or None;
+    `collectives` what one call puts on the wire.
     """
 
     layout = None
@@ -176,7 +177,12 @@ class Exchange:
 
     def encode(self, g, m, *, beta1: float, beta2: float, offsets: list[int], zero_parity: int = 0,
                update_momentum: bool = True):
-        """Steps 1 and 2; returns step 1's finite flag."""
+        """Steps 1 and 2; returns step 1's finite flag. Without L1 scales step 1 is that check alone, which the
+        quantize kernel takes in its own pass over g (no read of its own)."""
+        if not self.codec.l1:
+            return kernels.quantize_pack_checked(self.codec, g, m, self.code, beta1=beta1, beta2=beta2,
+                                                 zero_parity=zero_parity, layout=self.layout, offsets=offsets,
+                                                 levels=self.levels, update_momentum=update_momentum)
         ok, mult = self.prepare(g, m, beta1=beta1, offsets=offsets)
         self.pack(g, m, mult, beta1=beta1, beta2=beta2, offsets=offsets, zero_parity=zero_parity,
                   update_momentum=update_momentum)

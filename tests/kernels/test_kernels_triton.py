@@ -322,6 +322,36 @@ PBIT_CASES = [  # method, N, levels: uint8 x 2 fields, int64 x 21, int32 x 3, ui
     ("l1-pbit", 3, 30)]
 
 
+@pytest.mark.parametrize("method, N, levels", [("vote-1bit", 4, None)] + PBIT_CASES)
+@pytest.mark.parametrize("n, bad_at", [(0, None), (77, None), (1001, 0), (1001, 500), (1001, 1000), (3, 2)])
+@pytest.mark.parametrize("twin", [False, True])
+def test_quantize_pack_checked_is_quantize_pack_and_finite_flag(T, tiles, method, N, levels, n, bad_at, twin):
+    """The check counted in quantize's own pass: the same code and momentum as quantize_pack, bit for bit, and
+    the flag finite_flag gives (a NaN or inf in g anywhere, also in a masked tail tile; none in the padding)."""
+    ops = ref if twin else T
+    meth = methods.get(method)
+    g, m = make_gm(n, DTYPES[n % 3], seed=n + 1)
+    if bad_at is not None:
+        g[bad_at] = float("nan") if bad_at % 2 == 0 else -float("inf")
+    offsets = random_offsets(n, seed=N) if n else [0, 0]
+    if meth.codec.kind == "signs":
+        lay, s, mult = None, 0, None
+        out = torch.full((-(-n // 8) + 3,), 0xA5, dtype=torch.uint8, device=DEVICE)
+    else:
+        lay = layout(method, N, levels)
+        s = (levels or meth.resolve_levels(N)) if meth.codec.l1 else 0
+        mult = ref.prepass(meth.codec, g.nan_to_num(0.0, 0.0, 0.0), m, beta1=B1, offsets=offsets, levels=s)[1]
+        out = torch.full((lay.words(n),), 3, dtype=getattr(torch, lay.dtype), device=DEVICE)
+    kw = dict(beta1=B1, beta2=B2, zero_parity=1, layout=lay, mult=mult, offsets=offsets, levels=s,
+              update_momentum=bad_at is None)
+    out2, m2 = out.clone(), m.clone()
+    flag = ops.quantize_pack_checked(meth.codec, g, m, out, **kw)
+    ops.quantize_pack(meth.codec, g, m2, out2, **kw)
+    assert flag.dim() == 0 and flag.device == g.device
+    assert bool(flag) is (bad_at is None) is bool(ref.finite_flag(g))
+    assert torch.equal(out, out2) and torch.equal(m, m2)
+
+
 @pytest.mark.parametrize("method, N, levels", PBIT_CASES)
 @pytest.mark.parametrize("n", [1, 77, 1001])
 def test_quantize_fields(T, tiles, method, N, levels, n):

@@ -168,6 +168,8 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
         ("prepass (finite)", E * n, lambda: ops.prepass(signs, g, m, beta1=0.9, offsets=offsets)),
         ("prepass (l1 scale)", 2 * E * n, lambda: ops.prepass(l1, g, m, beta1=0.9, offsets=offsets, levels=s)),
         ("quantize_pack 1-bit", 3 * E * n + N * b.chunk, lambda: ops.quantize_pack(signs, g, m, b.onebit, **hp)),
+        ("quantize_pack_checked 1-bit, deferred m", 2 * E * n + N * b.chunk,  # (the overlapped exchange's encode)
+         lambda: ops.quantize_pack_checked(signs, g, m, b.onebit, update_momentum=False, **hp)),
         (f"quantize_pack l1-pbit ({lay.bits_per_element:.0f} b)", 3 * E * n + lay.nbytes(n),
          lambda: ops.quantize_pack(l1, g, m, b.fields, layout=lay, mult=b.mult, offsets=offsets, levels=s, **hp)),
         (f"vote ({N} rows)", N * b.chunk + b.planes * b.chunk, vote),
@@ -397,9 +399,9 @@ def format_report(res: dict) -> str:
     lines = [f"lioncub bench kernels, {res['date']}: {res['device']} ({res['backend']}, {res['dtype']}, "
              f"N = {res['world_size']}, torch {res['torch']}, triton {res['triton']}, {res['threads']} threads)",
              f"copy bandwidth (dst.copy_(src), same run): {res['copy_gbps']:.1f} GB/s", "",
-             f"{'size':>5s}  {'kernel':32s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s}"]
+             f"{'size':>5s}  {'kernel':40s} {'ms':>9s} {'GB/s':>8s} {'of copy':>8s}"]
     for r in res["kernels"]:
-        lines.append(f"{human(r['size']):>5s}  {r['kernel']:32s} {r['ms']:9.3f} {r['gbps']:8.1f} "
+        lines.append(f"{human(r['size']):>5s}  {r['kernel']:40s} {r['ms']:9.3f} {r['gbps']:8.1f} "
                      f"{100 * r['of_copy']:7.0f}%")
     lines += ["", f"{'size':>5s}  {'step (ms)':30s} {'lion':>8s} {'vote-1bit':>10s} {'(checked)':>10s} "
               f"{'l1-pbit':>9s} {'(checked)':>10s} {'lion-pytorch':>13s}"]
