@@ -290,7 +290,7 @@ def _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets
     if codec.kind == "signs":
         for _, s, e in pieces(n, device=dev):  # starts are multiples of 64: whole bytes, same index parity
             if flags is not None:
-                flags.append(torch.isfinite(g[s:e]).all())
+                flags.append(finite_flag(g[s:e]))
             c = lion_direction(g[s:e], m[s:e], beta1, scratch("c", e - s, torch.float32, dev))
             if update_momentum:
                 momentum_update_(m[s:e], g[s:e], beta2)
@@ -301,7 +301,7 @@ def _quantize(codec, g, m, out, beta1, beta2, zero_parity, layout, mult, offsets
     scales = mult.tolist() if codec.l1 else None
     for seg, s, e in pieces(n, offsets if scales else None, dev):
         if flags is not None:
-            flags.append(torch.isfinite(g[s:e]).all())
+            flags.append(finite_flag(g[s:e]))
         c = lion_direction(g[s:e], m[s:e], beta1, values[s:e])
         if update_momentum:
             momentum_update_(m[s:e], g[s:e], beta2)
