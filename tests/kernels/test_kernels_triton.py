@@ -323,11 +323,11 @@ PBIT_CASES = [  # method, N, levels: uint8 x 2 fields, int64 x 21, int32 x 3, ui
 
 
 @pytest.mark.parametrize("method, N, levels", [("vote-1bit", 4, None)] + PBIT_CASES)
-@pytest.mark.parametrize("n, bad_at", [(0, None), (77, None), (1001, 0), (1001, 500), (1001, 1000), (3, 2)])
+@pytest.mark.parametrize("n, bad_at", [(0, None), (1001, None), (1001, 0), (1001, 1000), (3, 2)])
 @pytest.mark.parametrize("twin", [False, True])
 def test_quantize_pack_checked_is_quantize_pack_and_finite_flag(T, tiles, method, N, levels, n, bad_at, twin):
     """The check counted in quantize's own pass: the same code and momentum as quantize_pack, bit for bit, and
-    the flag finite_flag gives (a NaN or inf in g anywhere, also in a masked tail tile; none in the padding)."""
+    the flag finite_flag gives (a NaN or inf in g: first element, last one in a masked tail tile; none)."""
     ops = ref if twin else T
     meth = methods.get(method)
     g, m = make_gm(n, DTYPES[n % 3], seed=n + 1)
