@@ -68,7 +68,7 @@ SIZES = {
     "full": dict(
         timeouts=dict(env=15, install=25, tests=70, bench=70, optimizer=25, ranks=65, train=35, nccl=40),
         copy_bytes=1 << 30,
-        tests=dict(files=TEST_FILES, k=None, workers=8),
+        tests=dict(files=TEST_FILES, k=None, workers=12),
         # --repeat 5: 50 ms of timed runs per figure (triton.testing.do_bench, medians). The bench makes its
         # buffers with CPU randn (twice per size: Triton and twins), about half of its time at 256M
         bench=[dict(dtype="float32", sizes=f"1M,4M,16M,64M,{GPT2_124M_PARAMS},256M", share=0.62, repeat=5),
