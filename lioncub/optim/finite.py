@@ -118,10 +118,10 @@ class BackwardCheck:
                    and not buckets.private and buckets.as_exchanged(self._versions))
         return list(self._flags) if current else [None] * len(buckets)
 
-    def multipliers(self, buckets, codec, levels: int) -> list:
+    def multipliers(self, buckets, held: list, codec, levels: int) -> list:
         """Per bucket: the L1 multipliers of `codec` with `levels` the last backward took with its flag, where
-        they still hold (the flag does; the momenta and beta1 are as they were); else None."""
-        held = self.flags(buckets)
+        they still hold (its flag in `held`, from flags(), does; the momenta and beta1 are as they were); else
+        None."""
         if self._l1 != (codec, levels) or self._momenta != buckets.momentum_versions():
             return [None] * len(buckets)
         return [mult if f is not None and beta == buckets.hyper(b).beta1 else None
@@ -199,24 +199,21 @@ def all_finite(engine) -> bool:
     return not bool(kernels.nonfinite_flag(finite_flags(engine))) if len(engine.buckets) else True
 
 
-def taken_in_backward(engine) -> torch.Tensor | None:
-    """The gradients' "all finite" flag (0-dim bool) if backward took one for every bucket that still holds;
-    else None."""
-    if engine.backward_check is None:
+def taken_in_backward(engine, units, x) -> tuple | None:
+    """The pre-pass of exchange x's codec, if backward took it for every bucket and it still holds: (the
+    gradients' "all finite" flag, 0-dim bool; per unit (a bucket, or a run of them: lioncub.optim.runs) the L1
+    multipliers, or None for a codec without them); else None."""
+    check, buckets = engine.backward_check, engine.buckets
+    if check is None:
         return None
-    flags = engine.backward_check.flags(engine.buckets)
+    flags = check.flags(buckets)
     if not flags or any(f is None for f in flags):
         return None
-    return torch.stack(flags).all()
-
-
-def scales_taken_in_backward(engine, units, x) -> list | None:
-    """Per unit (a bucket, or a run of them: lioncub.optim.runs), the L1 multipliers of exchange x's codec that
-    backward took with the check, if they hold for every bucket; else None."""
-    if engine.backward_check is None:
+    if not x.codec.l1:
+        return torch.stack(flags).all(), [None] * len(units)
+    per_bucket = check.multipliers(buckets, flags, x.codec, x.levels)
+    if any(m is None for m in per_bucket):
         return None
-    per_bucket = engine.backward_check.multipliers(engine.buckets, x.codec, x.levels)
-    if not per_bucket or any(m is None for m in per_bucket):
-        return None
-    at = {id(b): k for k, b in enumerate(engine.buckets)}
-    return [unit.joined(per_bucket) if isinstance(unit, Run) else per_bucket[at[id(unit)]] for unit in units]
+    at = {id(b): k for k, b in enumerate(buckets)}
+    return torch.stack(flags).all(), [unit.joined(per_bucket) if isinstance(unit, Run) else per_bucket[at[id(unit)]]
+                                      for unit in units]

@@ -182,13 +182,9 @@ def all_finite(engine) -> bool:
 def pre_pass_from_backward(engine, units, xs):
     """The pre-pass backward took, if the codec reads this rank's own gradients and it holds: (the check, per
     unit the L1 multipliers or None); else None."""
-    if not engine.layout.codec_reads_local:
+    if not engine.layout.codec_reads_local or not xs:
         return None
-    flag = finite.taken_in_backward(engine)
-    if flag is None or not xs or not xs[0].codec.l1:
-        return None if flag is None else (flag, [None] * len(xs))
-    mults = finite.scales_taken_in_backward(engine, units, xs[0])
-    return None if mults is None else (flag, mults)
+    return finite.taken_in_backward(engine, units, xs[0])
 
 
 def apply_pass(engine, clock, done) -> None:
