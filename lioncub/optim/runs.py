@@ -35,7 +35,7 @@ class Run:
         self.members, self.group_index, self.order = tuple(members), first.group_index, first.order
         self.p, self.g, self.m = P[lo:hi], G[lo:hi], M[lo:hi]
         self.n = self.shard = hi - lo
-        bounds, self._parts = [0], []  # _parts: per segment run, its bucket's index, or None for padding
+        bounds, self._parts = [0], []  # _parts, in order: each bucket's index, None for the padding before one
         for k in members:
             b = buckets[k]
             at = b.start - lo
