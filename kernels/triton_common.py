@@ -109,6 +109,12 @@ def add(a, b):
 
 
 @device_fn
+def nonfinite(x):
+    """1 where x is inf or NaN (NaN compares false), else 0, as int32."""
+    return tl.where(tl.abs(x) <= FP32_MAX, 0, 1)
+
+
+@device_fn
 def total(x, axis: tl.constexpr):
     """tl.sum, spelled as the tl.reduce it expands to. tl.sum and tl.zeros are @triton.jit functions of
     triton.language; if triton was imported before TRITON_INTERPRET=1 was set (torch._dynamo imports it,

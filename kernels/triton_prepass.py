@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from . import reference
-from .triton_common import CFG, FP32_MAX, LAUNCH, cached, check_flat, check_offsets, lion_direction, load, total
+from .triton_common import CFG, LAUNCH, cached, check_flat, check_offsets, lion_direction, load, nonfinite, total
 
 
 @triton.jit
@@ -34,8 +34,7 @@ def finite_kernel(g_ptr, bad_ptr, n, BLOCK: tl.constexpr):
         g = load(g_ptr, offs, mask, False).to(tl.float32)
     else:
         g = load(g_ptr, offs, mask, True).to(tl.float32)
-    ok = tl.abs(g) <= FP32_MAX  # False for inf and NaN
-    tl.store(bad_ptr + pid, total(tl.where(ok, 0, 1), axis=0))
+    tl.store(bad_ptr + pid, total(nonfinite(g), axis=0))
 
 
 @triton.jit

@@ -37,7 +37,6 @@ import triton.language as tl
 
 from .triton_common import (
     CFG,
-    FP32_MAX,
     LAUNCH,
     cached,
     check_flat,
@@ -50,6 +49,7 @@ from .triton_common import (
     load,
     momentum,
     next_pow2,
+    nonfinite,
     rint,
     sign,
     store,
@@ -67,8 +67,7 @@ def _onebit_tile(g_ptr, m_ptr, out_ptr, bad_ptr, pid, rows, n, nbytes, beta1, om
     g = load(g_ptr, i, mask, MASKED).to(tl.float32)
     m = load(m_ptr, i, mask, MASKED).to(tl.float32)
     if CHECK:
-        bad = tl.where(tl.abs(g) <= FP32_MAX, 0, 1)  # (NaN compares false)
-        tl.store(bad_ptr + pid, total(total(bad, axis=1), axis=0))
+        tl.store(bad_ptr + pid, total(total(nonfinite(g), axis=1), axis=0))
     c = lion_direction(g, m, beta1, omb1)
     if UPDATE_M:
         store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
@@ -124,7 +123,7 @@ def _fields_tile(g_ptr, m_ptr, out_ptr, mult_ptr, off_ptr, seg_ptr, bad_ptr, w, 
         g = load(g_ptr, i, mask, MASKED).to(tl.float32)
         m = load(m_ptr, i, mask, MASKED).to(tl.float32)
         if CHECK:
-            bad += tl.where(tl.abs(g) <= FP32_MAX, 0, 1)
+            bad += nonfinite(g)
         c = lion_direction(g, m, beta1, omb1)
         if UPDATE_M:
             store(m_ptr, i, to_dtype(momentum(g, m, beta2, omb2), m_ptr.dtype.element_ty, EMU), mask, MASKED)
