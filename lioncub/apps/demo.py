@@ -20,6 +20,7 @@ import dataclasses
 import sys
 
 from lioncub import methods
+from lioncub.apps.options import at_least
 
 SCENARIO = dict(model="char-small", batch_size=8, block_size=32, lr=1e-3)
 
@@ -27,9 +28,9 @@ SCENARIO = dict(model="char-small", batch_size=8, block_size=32, lr=1e-3)
 def register(sub) -> None:
     p = sub.add_parser("demo", help="simulate, autotune and train the default scenario (make demo)",
                        description=__doc__.split("\n\n")[0])
-    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--ranks", type=at_least(2, " (ranks that communicate)"), default=4)
     p.add_argument("--bandwidth", default="100Mbit", help="link rate of the scenario (default 100Mbit)")
-    p.add_argument("--steps", type=int, default=30, help="training steps per configuration (default 30)")
+    p.add_argument("--steps", type=at_least(1), default=30, help="training steps per configuration (default 30)")
     p.add_argument("--local", action="store_true", help="train on local Gloo ranks even when root")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
     p.set_defaults(func=run)

@@ -86,6 +86,8 @@ def spawn(fn: Callable, world_size: int, *args, timeout: float | None = 120.0, p
     """
     import multiprocessing as mp
 
+    if world_size < 1:
+        raise ValueError(f"ranks must be at least 1, got {world_size}")
     ctx = mp.get_context("forkserver")
     # torch.optim imports torch._dynamo on first use (1-2 s): preload it once in the server
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", "lioncub.optim.optimizer"])

@@ -6,8 +6,10 @@ The options are declared here and each handler imports its benchmark's module wh
 
 from __future__ import annotations
 
+import argparse
 import importlib
 
+from lioncub.apps.options import at_least, positive
 from lioncub.methods import NAMES as METHODS
 
 
@@ -15,17 +17,20 @@ def parse_sizes(text: str) -> list[int]:
     """--sizes of `bench kernels` (the kernels benchmark defines the units; imported only when given)."""
     from .kernels import parse_sizes as parse
 
-    return parse(text)
+    try:
+        return parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _step_arguments(p) -> None:
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--params", type=float, default=5e6, help="approximate parameter count (default 5e6)")
-    p.add_argument("--steps", type=int, default=6, help="timed steps per round")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds over the methods")
+    p.add_argument("--ranks", type=at_least(2, " (ranks that communicate)"), default=4)
+    p.add_argument("--params", type=positive, default=5e6, help="approximate parameter count (default 5e6)")
+    p.add_argument("--steps", type=at_least(1), default=6, help="timed steps per round")
+    p.add_argument("--rounds", type=at_least(1), default=3, help="interleaved rounds over the methods")
     p.add_argument("--methods", nargs="+", default=None, choices=METHODS)
     p.add_argument("--no-public", action="store_true", help="skip the public majority-vote reference")
-    p.add_argument("--bucket-mb", dest="bucket_mb", type=float, default=None,
+    p.add_argument("--bucket-mb", dest="bucket_mb", type=positive, default=None,
                    help="also run each method with buckets of this many MiB (rows method@<size>MiB), e.g. 64: the "
                         "default buckets against one large bucket in the same run")
     p.add_argument("--backward", action="store_true",
@@ -40,31 +45,32 @@ def _kernels_arguments(p) -> None:
     p.add_argument("--sizes", type=parse_sizes, default=None,
                    help="bucket sizes in elements, e.g. 1M,4M (default 1M,4M,16M,64M,256M on a GPU, 1M,4M,16M on CPU)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
-    p.add_argument("--world-size", type=int, default=8, help="N for the vote rows and the p-bit layout (default 8)")
-    p.add_argument("--repeat", type=int, default=None, help="timed runs per measurement")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default 1 on CPU)")
+    p.add_argument("--world-size", type=at_least(1), default=8,
+                   help="N for the vote rows and the p-bit layout (default 8)")
+    p.add_argument("--repeat", type=at_least(1), default=None, help="timed runs per measurement")
+    p.add_argument("--threads", type=at_least(1), default=None, help="torch CPU threads (default 1 on CPU)")
     p.add_argument("--ptx", action="store_true", help="also compile the Triton kernels for sm_90 (no GPU needed) "
                                                        "and report their global memory instructions")
     p.add_argument("--json", action="store_true")
 
 
 def _simulator_arguments(p) -> None:
-    p.add_argument("--ranks", type=int, default=1024, help="ranks of the collective benchmark")
+    p.add_argument("--ranks", type=at_least(1), default=1024, help="ranks of the collective benchmark")
     p.add_argument("--size", default="256MiB", help="allreduce size")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=at_least(1), default=8)
     p.add_argument("--bandwidth", default="10Gbit")
     p.add_argument("--latency", default="20us")
-    p.add_argument("--step-ranks", type=int, default=256, help="ranks of the training-step benchmark")
+    p.add_argument("--step-ranks", type=at_least(1), default=256, help="ranks of the training-step benchmark")
     p.add_argument("--params", default="1.3B", help="parameters of the training-step benchmark")
     p.add_argument("--scale-ranks", default="64,256,1000,1024,2048,10000,100000",
                    help="comma-separated ranks of the cluster-scale rows ('' for none): 1 GiB allreduce at "
                         "1 Gbit/s, auto and the binomial tree alone")
-    p.add_argument("--scale-step-ranks", type=int, default=100000,
+    p.add_argument("--scale-step-ranks", type=at_least(1), default=100000,
                    help="ranks of the cluster-scale simulate step (vote-1bit, --scale-params) and autotune rows "
                         "(0: none)")
     p.add_argument("--scale-params", default="70B", help="parameters of the cluster-scale simulate step row")
     p.add_argument("--autotune-params", default="1.3B", help="parameters of the cluster-scale autotune row")
-    p.add_argument("--repeat", type=int, default=1,
+    p.add_argument("--repeat", type=at_least(1), default=1,
                    help="run each cluster-scale row this many times, keep the fastest")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -73,10 +79,10 @@ def _train_arguments(p) -> None:
     p.add_argument("--bandwidth", default="100Mbit,1Gbit", help="comma-separated link rates")
     from .train import CONFIG_SYNTAX
 
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--ranks-per-host", type=int, default=1,
+    p.add_argument("--ranks", type=at_least(1), default=4)
+    p.add_argument("--ranks-per-host", type=at_least(1), default=1,
                    help="ranks sharing each host's link (nodes of GPUs; ranks of a host talk over its loopback)")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=at_least(1), default=100)
     p.add_argument("--model", default="char-small")
     p.add_argument("--configs", help=CONFIG_SYNTAX)
     p.add_argument("--local-steps", dest="local_steps", type=int,
@@ -88,8 +94,8 @@ def _train_arguments(p) -> None:
 
 
 def _convergence_arguments(p) -> None:
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--steps", type=int, help="default 300 (--grid: 200)")
+    p.add_argument("--ranks", type=at_least(1), default=4)
+    p.add_argument("--steps", type=at_least(1), help="default 300 (--grid: 200)")
     p.add_argument("--model", help="default char-small (--grid: char-tiny)")
     p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)"
                                      "[+local:H[:outer][+stream:F[:D]]] (H local steps, streamed in F fragments)")
@@ -105,14 +111,16 @@ def _convergence_arguments(p) -> None:
     p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
     p.add_argument("--worlds", help="--grid: world sizes (default 2,4)")
     p.add_argument("--batches", help="--grid: per-rank batches (default 8,16)")
-    p.add_argument("--lr", type=float, help="--grid: the lr the factors multiply (default: the model's default lr)")
+    p.add_argument("--lr", type=positive, help="--grid: the lr the factors multiply (default: the model's default lr)")
     p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of --lr (default 1,2)")
     p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
     p.add_argument("--device", help="--grid: cpu (default), cuda, ...: where every rank trains (ranks share it)")
     p.add_argument("--data", choices=("pydoc-topics", "python-src"), help="--grid: the text (default: the model's)")
-    p.add_argument("--block-size", dest="block_size", type=int, help="--grid: default the model's (64, byte-*: 256)")
+    p.add_argument("--block-size", dest="block_size", type=at_least(2),
+                   help="--grid: default the model's (64, byte-*: 256)")
     p.add_argument("--amp", choices=("none", "bf16"), help="--grid: bf16 autocast for the forward pass")
-    p.add_argument("--eval-batches", dest="eval_batches", type=int, help="--grid: validation batches (default 8)")
+    p.add_argument("--eval-batches", dest="eval_batches", type=at_least(1),
+                   help="--grid: validation batches (default 8)")
     p.add_argument("--deadline", type=float, metavar="EPOCH",
                    help="--grid: start no run predicted (from a finished run of its kind) to end after this time")
 

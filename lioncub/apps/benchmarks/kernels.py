@@ -39,6 +39,8 @@ def parse_sizes(text: str) -> list[int]:
     for tok in text.split(","):
         tok = tok.strip().upper()
         out.append(int(float(tok[:-1]) * UNITS[tok[-1]]) if tok[-1] in UNITS else int(tok))
+        if out[-1] < 8 or out[-1] % 8:
+            raise ValueError(f"sizes are element counts, multiples of 8 (the packing's bytes): got {tok}")
     return out
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+from lioncub.apps.options import at_least
 from lioncub.apps.train import configs
 from lioncub.files import check_writable, read_json
 
@@ -62,7 +63,7 @@ def register(sub) -> None:
                    help="time every collective by name (rank 0's ms per step in the summary; exact phase times "
                         "on CUDA)")
     p.add_argument("--device", help="cpu (default), cuda, cuda:1, ...: where model, data and optimizer live")
-    p.add_argument("--ranks", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    p.add_argument("--ranks", type=at_least(1), default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
     p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
     p.add_argument("--ranks-per-host", type=int, default=1, help="lab: ranks sharing one host's link")
