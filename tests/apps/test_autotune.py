@@ -463,6 +463,9 @@ def test_the_committed_fit_makes_the_calls_preregistered_before_its_fresh_regime
     for bad in ("N4-b16", "gpt9:N4-b16-x1"):
         with pytest.raises(ValueError, match="N<ranks>-b<batch per rank>"):
             risk_rule.parse_regime(bad)
+    for impossible in ("N1-b8-x1", "N4-b0-x1", "N4-b8-x0"):  # no vote, no batch, no lr: refused, not scored
+        with pytest.raises(ValueError, match="at least 2 ranks"):
+            risk_rule.parse_regime(impossible)
 
 def test_risk_cli_refuses_bad_input_in_one_line(tmp_path, capsys):
     from lioncub.cli import main

@@ -242,7 +242,11 @@ def parse_regime(text: str) -> tuple[str | None, int, int, float]:
     if not m or (m[1] and m[1] not in DEFAULT_LR):
         raise ValueError(f"a regime is [model:]N<ranks>-b<batch per rank>-x<lr / tuned lr>, e.g. N4-b16-x1 or "
                          f"char-small:N4-b8-x1 (models: {', '.join(DEFAULT_LR)}); got {text!r}")
-    return m[1], int(m[2]), int(m[3]), float(m[4])
+    ranks, batch, factor = int(m[2]), int(m[3]), float(m[4])
+    if ranks < 2 or batch < 1 or not factor > 0:
+        raise ValueError(f"a regime has at least 2 ranks (a vote), a batch of at least 1 and an lr factor above 0; "
+                         f"got {text!r}")
+    return m[1], ranks, batch, factor
 
 
 def _regime_id(cell: dict, lr0: float) -> str:
