@@ -19,6 +19,7 @@ REFUSED = [
     (["bench", "kernels", "--sizes", "1M,0"], "argument --sizes: sizes are element counts, multiples of 8"),
     (["bench", "kernels", "--sizes", "12"], "multiples of 8 (the packing's bytes): got 12"),
     (["bench", "simulator", "--repeat", "-1"], "argument --repeat: must be at least 1, got -1"),
+    (["bench", "simulator", "--scale-step-ranks", "-1"], "must be at least 0, got -1"),  # 0: no such row
     (["bench", "train", "--ranks-per-host", "0"], "argument --ranks-per-host: must be at least 1, got 0"),
     (["train", "--ranks", "0"], "argument --ranks: must be at least 1, got 0"),
     (["demo", "--ranks", "1"], "argument --ranks: must be at least 2 (ranks that communicate), got 1"),

@@ -65,7 +65,7 @@ def _simulator_arguments(p) -> None:
     p.add_argument("--scale-ranks", default="64,256,1000,1024,2048,10000,100000",
                    help="comma-separated ranks of the cluster-scale rows ('' for none): 1 GiB allreduce at "
                         "1 Gbit/s, auto and the binomial tree alone")
-    p.add_argument("--scale-step-ranks", type=at_least(1), default=100000,
+    p.add_argument("--scale-step-ranks", type=at_least(0), default=100000,
                    help="ranks of the cluster-scale simulate step (vote-1bit, --scale-params) and autotune rows "
                         "(0: none)")
     p.add_argument("--scale-params", default="70B", help="parameters of the cluster-scale simulate step row")
