@@ -20,7 +20,7 @@ COMMANDS = {
     "corpus": ("lioncub.apps.train.corpus_cli", "build, show or check the python-src training corpus"),
     "lab": ("lioncub.apps.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
     "calibrate": ("lioncub.apps.calibrate.cli", "fit the simulator's backend profile to measurements"),
-    "host": ("lioncub.apps.train.host_cli", "measure this machine's shared cores for the step model (about 30 s)"),
+    "host": ("lioncub.apps.train.host_cli", "measure this machine's shared cores for the step model (about 40 s)"),
     "bench": ("lioncub.apps.benchmarks.cli", "benchmarks (speed and memory targets)"),
     "demo": ("lioncub.apps.demo", "simulate, autotune and train the default scenario (make demo)"),
 }

@@ -10,7 +10,7 @@ from lioncub.files import check_writable
 
 
 def register(sub) -> None:
-    p = sub.add_parser("host", help="measure this machine's shared cores for the step model (about 30 s)",
+    p = sub.add_parser("host", help="measure this machine's shared cores for the step model (about 40 s)",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=4, help="ranks that will share this machine (default 4)")
     p.add_argument("--model", default="char-small", help="the run's model (default char-small)")

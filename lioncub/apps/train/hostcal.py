@@ -2,7 +2,7 @@
 the run, and turn it into a profile whose forecasts carry an interval.
 
     from lioncub.apps.train.hostcal import calibrate_host
-    profile, report = calibrate_host(cfg, ranks=4)   # ~10-30 s; cfg: the run's TrainConfig
+    profile, report = calibrate_host(cfg, ranks=4)   # ~35-45 s on 2 cores; cfg: the run's TrainConfig
 
 The probe ranks run as the run's will: by default each in a session of its own, as torchrun (its subprocess
 handler starts every rank with a new session) and the lab start them. On Linux with autogroup scheduling
