@@ -22,6 +22,7 @@ REFUSED = [
     (["bench", "simulator", "--scale-step-ranks", "-1"], "must be at least 0, got -1"),  # 0: no such row
     (["bench", "train", "--ranks-per-host", "0"], "argument --ranks-per-host: must be at least 1, got 0"),
     (["train", "--ranks", "0"], "argument --ranks: must be at least 1, got 0"),
+    (["train", "--ranks-per-host", "0"], "argument --ranks-per-host: must be at least 1, got 0"),
     (["demo", "--ranks", "1"], "argument --ranks: must be at least 2 (ranks that communicate), got 1"),
 ]
 

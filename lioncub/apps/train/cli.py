@@ -66,7 +66,7 @@ def register(sub) -> None:
     p.add_argument("--ranks", type=at_least(1), default=1, help="local ranks to spawn (ignored under torchrun)")
     p.add_argument("--lab", action="store_true", help="run the ranks on the emulated Ethernet lab (root)")
     p.add_argument("--bandwidth", default="1Gbit", help="lab link rate (with --lab)")
-    p.add_argument("--ranks-per-host", type=int, default=1, help="lab: ranks sharing one host's link")
+    p.add_argument("--ranks-per-host", type=at_least(1), default=1, help="lab: ranks sharing one host's link")
     p.add_argument("--checkpoint-dir", dest="checkpoint_dir")
     p.add_argument("--checkpoint-every", dest="checkpoint_every", type=int)
     p.add_argument("--resume", action="store_true", default=None, help="continue from the newest checkpoint")
