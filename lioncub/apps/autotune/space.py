@@ -388,9 +388,9 @@ def _simulate_space(cluster, params, space, step_kw, base_step, steps, beta2, pr
               for b in space["bucket_mb"]]
     bar = None
     if progress:
-        from tqdm import tqdm
+        from lioncub.optional import progress_bar
 
-        bar = tqdm(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
+        bar = progress_bar(total=len(groups), desc="autotune", unit="group", file=sys.stderr, leave=False)
     memo = _Memo()
     cands: list[Candidate] = []
     try:

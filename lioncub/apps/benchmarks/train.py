@@ -294,12 +294,10 @@ def bench_convergence(ranks=4, steps=300, configs=None, model="char-small", plot
 
 
 def _plot(res, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     from lioncub.apps.autotune import smoothed
+    from lioncub.optional import pyplot
+
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in res["runs"]:

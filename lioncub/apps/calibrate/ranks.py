@@ -249,10 +249,10 @@ def run(job: dict) -> dict:
     host = job.get("host_kernels")
     bar = None
     if rank == 0 and job.get("progress", True):
-        from tqdm import tqdm
+        from lioncub.optional import progress_bar
 
         total = rounds * len(probes) + ((1 + len(host.get("methods", CODEC_METHODS))) if host else 0)
-        bar = tqdm(total=total, desc="calibrate", unit="probe", file=sys.stderr, leave=False)
+        bar = progress_bar(total=total, desc="calibrate", unit="probe", file=sys.stderr, leave=False)
     try:
         measurements = run_probes(probes, rounds, device, bar)
         kernels_out = run_host_kernels(host, device, bar) if host else None

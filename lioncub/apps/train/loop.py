@@ -217,9 +217,9 @@ def train(cfg: TrainConfig, progress: bool = True, on_step=None) -> dict:
     start, records = resume(cfg, model, opt, rank, world) if cfg.resume and cfg.checkpoint_dir else (0, [])
     bar = None
     if progress and rank == 0:
-        from tqdm import tqdm
+        from lioncub.optional import progress_bar
 
-        bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.method} x{world}", unit="step", leave=False)
+        bar = progress_bar(total=cfg.steps, initial=start, desc=f"{cfg.method} x{world}", unit="step", leave=False)
     waited = _start_together()
     for step in range(start + 1, cfg.steps + 1):
         for group in opt.param_groups:
