@@ -6,12 +6,15 @@ Pure Python (SimPy, no torch): usable on a laptop before launching a job.
     cluster = Cluster.for_ranks(64, gpus_per_node=8, bandwidth="10Gbit", latency="50us")
     simulate_collective(cluster, "allreduce", "ring", "256MiB", backend="nccl").seconds
     simulate_step(cluster, method="vote-1bit", params="1.3B", momentum_sync=100, compute_seconds=0.3).speedup
+    simulate_step(cluster, StepSpec("vote-1bit", params="1.3B", momentum_sync=100, compute_seconds=0.3)).speedup
 
-See docs/SIMULATOR.md for the model and its assumptions.
+The package by job: net/ (the cluster, the flow-level network, the SimPy internals it relies on), collectives/
+(the rank API, the algorithms and their registry, `auto`), step/ (the training step, local steps, the sharded
+layout, shared devices); profiles.py (how a library runs on the wire: plain data) and units.py (the unit strings a
+person types) are the leaves everything reads.
 """
 
-from .cluster import Cluster
-from .collectives import (
+from .collectives.simulate import (
     ALGORITHMS,
     OPS,
     Cache,
@@ -20,8 +23,9 @@ from .collectives import (
     simulate_collective,
     simulate_transfers,
 )
+from .net.cluster import Cluster
 from .profiles import BUILTIN, BackendProfile, get_profile, tcp_efficiency
-from .step import StepResult, simulate_step
+from .step.model import StepResult, StepSpec, simulate_step
 from .sweep import sweep
 
 __all__ = [
@@ -33,6 +37,7 @@ __all__ = [
     "CollectiveResult",
     "OPS",
     "StepResult",
+    "StepSpec",
     "best_algorithm",
     "get_profile",
     "simulate_collective",

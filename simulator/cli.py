@@ -132,7 +132,7 @@ def _profile(args):
 
 
 def _cluster(args, ranks: int, bandwidth=None, latency=None):
-    from .cluster import Cluster
+    from .net.cluster import Cluster
 
     return Cluster.for_ranks(
         ranks, args.gpus_per_node,
@@ -149,7 +149,7 @@ def _dump(obj) -> None:
 
 
 def _collective(args) -> int:
-    from .collectives import simulate_collective
+    from .collectives.simulate import simulate_collective
     from .units import format_rate, format_size, format_time
 
     cluster = _cluster(args, args.ranks)
@@ -191,7 +191,7 @@ def _step_kwargs(args) -> dict:
 
 
 def _step(args) -> int:
-    from .step import simulate_step
+    from .step.model import simulate_step
     from .units import format_size, format_speedup, format_time
 
     cluster = _cluster(args, args.ranks)

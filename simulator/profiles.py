@@ -33,9 +33,19 @@ from pathlib import Path
 from lioncub import methods
 from lioncub.files import read_json
 
-from .algorithm import PRIMITIVES
-from .hosts import HostModel
-from .registry import ALL_ALGORITHMS, library_algorithms
+from .step.hosts import HostModel
+
+# the collectives an algorithm can implement (collectives/algorithm.py; lioncub's composites are made of them:
+# collectives/simulate.py), by which a profile's efficiencies and algorithms are keyed
+PRIMITIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
+# the built-in profiles that list the algorithms their library implements ("ideal" and a profile without a
+# list run every registered algorithm)
+LIBRARIES = ("nccl", "gloo")
+# The registered algorithms' names: by op, in the registry's order (every profile's choice unless it lists its
+# own), and by library. collectives/registry.py keeps them as it registers the records, and lioncub.simulator
+# imports it before a profile can be asked for: a profile reads names, and this module imports no algorithm.
+ALL_ALGORITHMS: dict[str, list[str]] = {op: [] for op in PRIMITIVES}
+LIBRARY_ALGORITHMS: dict[str, dict[str, list[str]]] = {lib: {op: [] for op in PRIMITIVES} for lib in LIBRARIES}
 
 # Ethernet + IPv4 + TCP framing at MTU 1500: a 1500-byte IP packet carries 1500 - 20 (IP) - 20 (TCP)
 # - 12 (TCP timestamp option) = 1448 payload bytes and takes 1500 + 14 (header) + 4 (FCS) + 8 (preamble)
@@ -109,7 +119,7 @@ class BackendProfile:
         backward keep every core busy): their time adds to the compute instead of overlapping it, and an
         overlapped step hides only the communication. False: a GPU, whose codec runs on a side stream.
         A profile with a `host` models this (and more) as contention instead: the field is then unused.
-    host: the ranks' own devices and what sharing them costs (simulator/hosts.py `HostModel`, as a dict:
+    host: the ranks' own devices and what sharing them costs (step/hosts.py `HostModel`, as a dict:
         cores, shared_by, background, wake, call_cpu, message_cpu, call_peers, byte_cpu, intra_bandwidth, intra_latency,
         step_cv, start_skew, waits_by, groups, apply_share), measured by lioncub.apps.train.hostcal (`lioncub demo`
         and `bench train` run it). With it `simulate_step` runs the step as processes on shared devices (contention.py),
@@ -259,6 +269,13 @@ class BackendProfile:
 
     def replace(self, **changes) -> BackendProfile:
         return dataclasses.replace(self, **changes)
+
+
+def library_algorithms(library: str) -> dict[str, list[str]]:
+    """{op: [names]} of the algorithms a library implements (a built-in profile's `algorithms`)."""
+    if library not in LIBRARIES:
+        raise ValueError(f"unknown library {library!r}; choose one of: {', '.join(LIBRARIES)}")
+    return {op: list(names) for op, names in LIBRARY_ALGORITHMS[library].items() if names}
 
 
 def ideal() -> BackendProfile:

@@ -13,35 +13,43 @@ from __future__ import annotations
 import itertools
 import sys
 
-from .cluster import Cluster
-from .collectives import Cache
+from .collectives.simulate import Cache
+from .net.cluster import Cluster
 from .profiles import get_profile
-from .step import simulate_step
+from .step.model import simulate_step
 from .units import format_rate, format_size, format_time, parse_rate, parse_time
 
 COLUMNS = ("ranks", "bandwidth", "latency", "method", "momentum_sync", "step_seconds",
            "baseline_step_seconds", "speedup", "exposed_communication_seconds", "bytes_sent_per_rank")
 
 
-def sweep(
-    *,
-    ranks,
-    bandwidths,
-    methods=("vote-1bit",),
-    latencies=("20us",),
-    momentum_syncs=(None,),
-    gpus_per_node: int = 1,
-    backend="nccl",
-    cluster_kwargs: dict | None = None,
-    progress: bool | None = None,
-    cache: Cache | None = None,
-    **step_kwargs,
-) -> list[dict]:
-    """One row per (ranks, bandwidth, latency, method, K): simulate_step's numbers plus the grid point.
+def sweep(*, ranks, bandwidths, methods=("vote-1bit",), latencies=("20us",), momentum_syncs=(None,),
+          gpus_per_node: int = 1, backend="nccl", cluster_kwargs: dict | None = None, progress: bool | None = None,
+          cache: Cache | None = None, **step_kwargs) -> list[dict]:
+    """simulate_step over a grid of rank counts, bandwidths, latencies, methods and momentum-sync intervals K.
 
-    step_kwargs go to simulate_step (params, compute_seconds or flops_per_second + tokens_per_step,
-    bucket_mb, algorithm, grad_dtype, levels, memory_bandwidth). progress: a tqdm bar on stderr (default:
-    on when the grid has more than 20 points and stderr is a terminal).
+    Args:
+        ranks: the rank counts (each a cluster of ranks / gpus_per_node nodes).
+        bandwidths: the NIC line rates (bits/s or strings like "10Gbit").
+        methods: the methods (names in lioncub.methods.NAMES).
+        latencies: the one-way latencies between nodes (seconds or strings like "20us").
+        momentum_syncs: the values of K (None: never).
+        gpus_per_node: ranks per node.
+        backend: "nccl", "gloo", "ideal" or a BackendProfile.
+        cluster_kwargs: Cluster's other fields (intra_bandwidth, topology, ...).
+        progress: a tqdm bar on stderr (default: on when the grid has more than 20 points and stderr is a
+            terminal).
+        cache: a memo of simulated collectives (default: one for the whole grid).
+        **step_kwargs: simulate_step's options (params, compute_seconds or flops_per_second + tokens_per_step,
+            bucket_mb, algorithm, grad_dtype, levels, memory_bandwidth, ...).
+
+    Returns:
+        One row per (ranks, bandwidth, latency, method, K): the grid point and simulate_step's numbers (COLUMNS).
+
+    Example:
+        >>> rows = sweep(ranks=[8], bandwidths=["1Gbit", "10Gbit"], params="124M", compute_seconds=0.2)
+        >>> [row["bandwidth"] for row in rows]
+        [1000000000.0, 10000000000.0]
     """
     profile = get_profile(backend)
     cache = cache if cache is not None else Cache()

@@ -1,4 +1,4 @@
-"""The SimPy internals the simulator relies on (simulator/engine.py): the installed SimPy is the version
+"""The SimPy internals the simulator relies on (simulator/net/engine.py): the installed SimPy is the version
 pyproject.toml pins, and each function does what the simulator relies on, observed through SimPy's public
 API (now, peek, triggered, processed, ok, value, processes resuming)."""
 
@@ -6,7 +6,7 @@ import math
 import re
 
 import simpy
-from lioncub.simulator import engine
+from lioncub.simulator.net import engine
 from repo import REPO
 
 PYPROJECT = REPO / "pyproject.toml"
@@ -16,7 +16,7 @@ def test_the_installed_simpy_is_the_pinned_one():
     pins = re.findall(r'"simpy==([^"]+)"', PYPROJECT.read_text())
     assert len(pins) == 1, "pyproject.toml must pin simpy exactly (engine.py relies on its internals)"
     assert simpy.__version__ == pins[0], (f"SimPy {simpy.__version__} is installed, pyproject.toml pins {pins[0]}: "
-                                          "check simulator/engine.py against it, then move the pin")
+                                          "check simulator/net/engine.py against it, then move the pin")
 
 
 def _resumes(env, ev, log, name):

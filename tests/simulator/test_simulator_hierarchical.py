@@ -1,4 +1,4 @@
-"""The hierarchical LionCub layout in the simulator: node and cross groups (simulator/groups.py), the step.
+"""The hierarchical LionCub layout in the simulator: node and cross groups (simulator/collectives/groups.py), the step.
 
 The oracle is hand-derived: on the ideal profile with zero latency every collective is its bytes through
 its busiest link, and in the hierarchical layout the G cross groups' flows share each node's NIC.

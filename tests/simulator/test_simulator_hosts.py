@@ -11,11 +11,11 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lioncub.simulator import Cluster, get_profile, simulate_step
-from lioncub.simulator.contention import Call, loaded_collective
-from lioncub.simulator.hosts import Cores, HostModel, gloo_messages, gloo_segments, harmonic
-from lioncub.simulator.step import interval, ratio_interval
+from lioncub.simulator.step.contention import Call, loaded_collective
+from lioncub.simulator.step.hosts import Cores, HostModel, gloo_messages, gloo_segments, harmonic
+from lioncub.simulator.step.model import interval, ratio_interval
 
-RESULTS = Path(__file__).resolve().parents[2] / "docs" / "results" / "issue27" / "call-chain"
+RESULTS = Path(__file__).resolve().parents[2] / "research" / "notebook" / "results" / "issue27" / "call-chain"
 
 
 def _finish_times(host, weight, works, starts=None):
@@ -161,11 +161,12 @@ def test_a_calls_cpu_is_its_messages_and_the_stored_measurements_say_so():
 
 
 def test_the_message_rule_prices_gloos_other_collectives_too():
-    # back-to-back on loopback, 4 and 8 ranks each in a session of its own (docs/results/issue27/messages/): fitted
+    # back-to-back on loopback, 4 and 8 ranks each in a session of its own
+    # (research/notebook/results/issue27/messages/): fitted
     # on the control message and the all-reduce of every segment, the rule gives the CPU time of the all-to-all and
     # all-gather of vote-1bit's buckets (and of tiny ones) within 25%, where the control's CPU per call (the model
     # before) missed the all-gathers by 38-55% and the full all-reduces by 66-74%
-    ops = Path(__file__).resolve().parents[2] / "docs" / "results" / "issue27" / "messages"
+    ops = Path(__file__).resolve().parents[2] / "research" / "notebook" / "results" / "issue27" / "messages"
     for m in (4, 8):
         rows = json.loads((ops / f"loopback-ops-{m}-ranks.json").read_text())["rows"]
         cpu = {k: v["cpu_ms_per_rank"] * 1e-3 for k, v in rows.items()}
@@ -184,7 +185,7 @@ def test_the_message_rule_prices_gloos_other_collectives_too():
 
 
 def test_a_gloo_collective_waits_for_cores_on_each_of_its_programs_waits():
-    from lioncub.simulator.contention import HOP_PROBE, make_call
+    from lioncub.simulator.step.contention import HOP_PROBE, make_call
 
     profile = get_profile("gloo")
     host = HostModel(cores=2, shared_by="cluster", wake=1e-3, waits_by="gloo")
@@ -278,7 +279,7 @@ def test_expected_max_of_normals():
     import math
     import random
 
-    from lioncub.simulator.hosts import expected_max
+    from lioncub.simulator.step.hosts import expected_max
 
     assert expected_max(1) == 0.0
     assert expected_max(2) == pytest.approx(1 / math.sqrt(math.pi), rel=1e-6)
@@ -348,7 +349,7 @@ def test_a_gloo_node_reduce_scatter_moves_an_all_reduces_bytes(g):
     # all-reduce's 2 (G-1)/G n bytes each way, not the ring reduce-scatter's (G-1)/G n. The profile says so the way
     # the lab calibration does, with a reducescatter efficiency of half the allreduce's.
     from lioncub.simulator import simulate_collective
-    from lioncub.simulator.contention import calls_of
+    from lioncub.simulator.step.contention import calls_of
 
     profile = dataclasses.replace(get_profile("gloo"), efficiency={"allreduce": 1.0, "reducescatter": 0.5})
     cluster = Cluster.for_ranks(4 * g, g, bandwidth="1Gbit", latency="20us")
@@ -364,7 +365,7 @@ def test_a_gloo_node_reduce_scatter_moves_an_all_reduces_bytes(g):
 
 
 def test_a_wait_costs_a_wake_only_while_every_core_is_busy():
-    from lioncub.simulator.contention import run_call
+    from lioncub.simulator.step.contention import run_call
 
     # 2 ranks computing on 2 cores until 15 ms; a Gloo all-reduce among them: 2 waits in a row + H(2) = 3.5,
     # its 4 ms of network time cut into 4 pieces, each followed by its wait (the last a half): 1 ms, +10 ms
@@ -428,8 +429,8 @@ def test_apply_share_round_trips_and_rejects_a_share_outside_0_1():
 def test_an_exchange_waits_for_the_latest_ranks_readiness_within_the_step(overlap):
     import math
 
-    from lioncub.simulator.contention import StepSim
-    from lioncub.simulator.hosts import expected_max
+    from lioncub.simulator.step.contention import StepSim
+    from lioncub.simulator.step.hosts import expected_max
 
     # a core per job, no wake-ups: only the drift. Forward 40 ms, backward 60 ms in two equal buckets (ready at
     # 70 and 100 ms), each exchanged by one 5 ms call; 4 ranks drifting by 20% of a step over a whole step
@@ -457,7 +458,7 @@ def test_an_exchange_waits_for_the_latest_ranks_readiness_within_the_step(overla
 
 @pytest.mark.parametrize("groups", [True, False])
 def test_the_cores_stay_busy_as_long_as_the_latest_rank_may_still_compute_backward(groups):
-    from lioncub.simulator.contention import run_call
+    from lioncub.simulator.step.contention import run_call
 
     # the representative rank's own backward is over and nothing of it runs; the ranks behind it end theirs
     # about `start` with a normal spread: a wait costs the wake times the chance that the latest of m has not
@@ -507,7 +508,7 @@ def _overlap_by_quadrature(u: float, skew: float) -> float:
 
 @pytest.mark.parametrize("u,skew", [(1e-3, 5e-3), (2e-3, 1e-3), (5e-3, 5e-3), (4e-3, 0.5e-3)])
 def test_the_update_runs_beside_the_other_ranks_updates_for_the_share_of_it_their_starts_overlap(u, skew):
-    from lioncub.simulator.contention import StepSim
+    from lioncub.simulator.step.contention import StepSim
 
     # four ranks of a host leave the last collective start_skew apart (sd): the simulated rank's update of u
     # seconds shares the cores with each other rank's for the expected overlap of two such intervals

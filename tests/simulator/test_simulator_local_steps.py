@@ -4,8 +4,8 @@ one by one."""
 
 import pytest
 from lioncub.simulator import Cluster, simulate_collective, simulate_step
-from lioncub.simulator.localsteps import OUTER_BYTES_PER_PARAM
-from lioncub.simulator.step import UPDATE_BYTES_PER_PARAM
+from lioncub.simulator.step.local import OUTER_BYTES_PER_PARAM
+from lioncub.simulator.step.model import UPDATE_BYTES_PER_PARAM
 
 from lioncub import methods
 from lioncub.comm import wire
@@ -51,15 +51,16 @@ def test_local_steps_are_checked_and_free_on_one_rank():
 def test_streamed_waits_are_what_each_fragment_outlasts_its_delay():
     """stream_waits' timeline against the closed form: with D * F < H every fragment is applied before the next
     one's exchange can start, so step() waits max(0, busy_f - D x inner) for each fragment, once per interval."""
-    from lioncub.simulator.localsteps import stream_waits
+    from lioncub.simulator.step.local import stream_waits
 
-    from lioncub.comm import stagger
+    from lioncub.comm import fragment_schedule
 
     for H, F, D, inner, busy in [(4, 2, 1, 1.0, [1.5, 0.5]), (25, 5, 1, 0.1, [0.3, 0.05, 0.2, 0.1, 0.25]),
                                  (25, 5, 4, 0.1, [0.5] * 5), (10, 1, 0, 0.2, [3.0]), (7, 3, 2, 1.0, [2.5, 0.1, 9.0]),
                                  (5, 2, 2, 1.0, [4.0, 4.0])]:
         want = sum(max(0.0, b - D * inner) for b in busy)
-        assert stream_waits(H, stagger.offsets(H, F), D, inner, busy) == pytest.approx(want, abs=1e-12), (H, F, D)
+        waits = stream_waits(H, fragment_schedule.offsets(H, F), D, inner, busy)
+        assert waits == pytest.approx(want, abs=1e-12), (H, F, D)
 
 
 @pytest.mark.parametrize("bandwidth", ["10Mbit", "10Gbit"])
@@ -92,7 +93,7 @@ def test_streamed_outer_steps_hide_what_the_delay_covers(bandwidth):
 def test_local_steps_in_the_node_layout():
     """hierarchical=True: every step the node's fp32 all-reduce of each bucket; every H steps local rank 0 of each
     node votes across the nodes (one voter per NIC) and broadcasts the flag and the agreed update in the node."""
-    from lioncub.simulator.localsteps import NODE_BROADCAST, NODE_MEAN
+    from lioncub.simulator.step.local import NODE_BROADCAST, NODE_MEAN
 
     cluster, H = Cluster(nodes=3, gpus_per_node=2, bandwidth="10Mbit", latency="30us"), 10
     r = simulate_step(cluster, "vote-1bit", local_steps=H, hierarchical=True, **STEP)
@@ -120,7 +121,7 @@ def test_streamed_outer_steps_in_the_node_layout(bandwidth):
     """hierarchical=True with fragments: every step the node's mean of each bucket (exposed, in step()); on the
     thread, per fragment, the voters' exchange across the nodes and the leader's broadcasts of the flag and of
     the fragment's agreed update inside the node; step() waits for what each fragment outlasts D inner steps."""
-    from lioncub.simulator.localsteps import NODE_BROADCAST, NODE_MEAN
+    from lioncub.simulator.step.local import NODE_BROADCAST, NODE_MEAN
 
     kw = dict(bandwidth=bandwidth, latency="30us")
     cluster, H, F, D, P = Cluster(nodes=3, gpus_per_node=2, **kw), 20, 4, 2, 2**20
@@ -161,7 +162,7 @@ def test_streaming_options_are_checked_as_lioncub_checks_them():
 
 def _host_profile(**host):
     from lioncub.simulator import get_profile
-    from lioncub.simulator.hosts import HostModel
+    from lioncub.simulator.step.hosts import HostModel
 
     return get_profile("ideal").replace(host=HostModel(**host).to_dict())
 
@@ -174,7 +175,7 @@ def test_ranks_drift_apart_between_exchanges_and_each_waits_for_the_latest_voter
     latest of the m voters arrives: step_cv x step x sqrt(k) x E[max of m normals] later (HostModel.drift). Not
     streamed: k = H; streamed: k = H / F, each fragment's exchange starting that much later (here every
     fragment's exchange outlasts the D inner steps that could hide it, so each wait grows by all of it)."""
-    from lioncub.simulator.hosts import expected_max
+    from lioncub.simulator.step.hosts import expected_max
 
     cluster, H, F, D, cv = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 20, 4, 1, 0.1
     inner = 0.01 + UPDATE_BYTES_PER_PARAM * 2**20 / MEM
@@ -190,8 +191,8 @@ def test_ranks_drift_apart_between_exchanges_and_each_waits_for_the_latest_voter
 
 
 def test_local_steps_on_devices_never_shared_give_the_analytic_step():
-    # a core per job and nothing else on the host: the processes (localshared.py) reproduce the analytic step of an
-    # outer step in step(), its exposed time being all of the outer step (as LionCub times it)
+    # a core per job and nothing else on the host: the processes (step/local.py's LocalSim) reproduce the analytic
+    # step of an outer step in step(), its exposed time being all of the outer step (as LionCub times it)
     cluster, H = Cluster(nodes=4, bandwidth="10Mbit", latency="30us"), 25
     for method in ("vote-1bit", "allreduce"):
         a = simulate_step(cluster, method, local_steps=H, **STEP)

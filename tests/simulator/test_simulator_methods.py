@@ -5,7 +5,7 @@ registered) are costed correctly, checked against the primitives simulated one b
 
 import pytest
 from lioncub.simulator import BackendProfile, Cluster, simulate_collective, simulate_step
-from lioncub.simulator.collectives import COMPOSITES, OPS
+from lioncub.simulator.collectives.simulate import COMPOSITES, OPS
 
 from lioncub import methods
 from lioncub.comm import wire

@@ -3,9 +3,10 @@
 profile of its library, with its symmetry and its bound, without any other simulator file knowing it."""
 
 import pytest
-from lioncub.simulator import Cluster, get_profile, registry, simulate_collective
-from lioncub.simulator.algorithm import Algorithm
-from lioncub.simulator.bounds import bound
+from lioncub.simulator import Cluster, get_profile, simulate_collective
+from lioncub.simulator.collectives import registry
+from lioncub.simulator.collectives.algorithm import Algorithm
+from lioncub.simulator.collectives.choose import bound
 from lioncub.simulator.profiles import BackendProfile
 
 MiB = 2**20

@@ -17,9 +17,8 @@ from lioncub.simulator import (
     simulate_collective,
     simulate_step,
 )
-from lioncub.simulator.bounds import bound
-from lioncub.simulator.choose import candidates
-from lioncub.simulator.registry import check_algorithm
+from lioncub.simulator.collectives.choose import bound, candidates
+from lioncub.simulator.collectives.registry import check_algorithm
 
 MiB = 2**20
 

@@ -1,4 +1,4 @@
-"""The sharded layout (HSDP) in the step model: simulate_step(sharded=True), simulator/sharded.py.
+"""The sharded layout (HSDP) in the step model: simulate_step(sharded=True), simulator/step/sharded.py.
 
 Oracles: the ring formulas written out here (bytes), the hierarchical layout's cross-node collectives as
 simulate_collective costs them on the same shard (another code path: the methods' hierarchical_collectives),
@@ -156,7 +156,7 @@ def test_plain_fsdp_on_one_node_sends_nothing_across():
 
 
 def test_shared_cores_give_the_contention_phases_and_an_interval():
-    from lioncub.simulator.hosts import HostModel
+    from lioncub.simulator.step.hosts import HostModel
 
     host = HostModel(cores=2, shared_by="cluster", background=1.0, wake=1e-3, call_cpu=1e-3, byte_cpu=1e-9,
                      intra_bandwidth=8e9)
@@ -177,9 +177,8 @@ def test_the_one_pass_step_is_the_processes_on_unshared_devices(seed):
     with the root's missing backward all-gather."""
     import random
 
-    from lioncub.simulator.contention import Call
-    from lioncub.simulator.sharded import UNSHARED
-    from lioncub.simulator.shardsim import ShardedSim, unshared_step
+    from lioncub.simulator.step.contention import Call
+    from lioncub.simulator.step.sharded import UNSHARED, ShardedSim, unshared_step
 
     rng = random.Random(seed)
 
@@ -208,7 +207,7 @@ def test_the_one_pass_step_is_the_processes_on_unshared_devices(seed):
 def test_the_sharded_steps_apply_runs_in_step_after_the_exchange(share):
     # as in the flat layout (test_simulator_hosts): `apply_share` moves that share of the codec, unit by unit,
     # from the communication thread into step(), where it replaces the Lion update; a dense step keeps its update
-    from lioncub.simulator.hosts import HostModel
+    from lioncub.simulator.step.hosts import HostModel
 
     def prof(**host):
         return get_profile("gloo").replace(host=HostModel(cores=1000.0, shared_by="node", **host).to_dict(),
@@ -233,9 +232,9 @@ def test_each_blocking_fsdp_collective_waits_for_its_latest_member(skew, cv):
     compute since the previous one (after which they are together again): closed form, on cores nobody waits for."""
     import math
 
-    from lioncub.simulator.contention import Call
-    from lioncub.simulator.hosts import HostModel, expected_max
-    from lioncub.simulator.shardsim import ShardedSim
+    from lioncub.simulator.step.contention import Call
+    from lioncub.simulator.step.hosts import HostModel, expected_max
+    from lioncub.simulator.step.sharded import ShardedSim
 
     def call(m):
         return Call("x", "ring", 1.0, 0.002, 1.0, m, 0.0)

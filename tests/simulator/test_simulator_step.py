@@ -255,3 +255,24 @@ def test_the_models_tensors_give_lioncubs_own_buckets(bucket_mb):
         simulate_step(Cluster(nodes=4, bandwidth="1Gbit"), "vote-1bit", sum(sizes) + 1, None, mb, 0.1, tensors=sizes)
     with pytest.raises(ValueError, match="tensors must be"):
         simulate_step(Cluster(nodes=4, bandwidth="1Gbit"), "vote-1bit", None, None, mb, 0.1, tensors=[3, 0])
+
+
+def test_a_step_spec_is_the_keyword_form():
+    """simulate_step(cluster, StepSpec(...)) is simulate_step(cluster, **the same options); a spec and options
+    beside it are refused, a variant is dataclasses.replace."""
+    import dataclasses
+
+    from lioncub.simulator import StepSpec
+
+    cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="1Gbit", latency="50us")
+    for options in (dict(momentum_sync=10), dict(hierarchical=True, grad_dtype="bfloat16"), dict(local_steps=10),
+                    dict(sharded=True, overlap=False), dict(tensors=[3000, 5000, 2000], bucket_mb=0.01)):
+        spec = StepSpec("vote-1bit", params=None if "tensors" in options else "10M", compute_seconds=0.1, **options)
+        keywords = simulate_step(cluster, "vote-1bit", spec.params, compute_seconds=0.1, **options)
+        assert simulate_step(cluster, spec) == keywords, options
+    spec = StepSpec("vote-1bit", params="10M", compute_seconds=0.1)
+    assert simulate_step(cluster, dataclasses.replace(spec, momentum_sync=10)) == simulate_step(
+        cluster, "vote-1bit", "10M", 10, compute_seconds=0.1)
+    for beside in (dict(params="20M"), dict(overlap=False), dict(backend="gloo")):
+        with pytest.raises(ValueError, match="a StepSpec or its options, not both"):
+            simulate_step(cluster, spec, **beside)

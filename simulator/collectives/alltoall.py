@@ -4,7 +4,7 @@ lower bounds and records."""
 from __future__ import annotations
 
 from .algorithm import Algorithm
-from .hops import Hops
+from .bounds import Hops
 
 
 def alltoall_pairwise(ctx, n):

@@ -10,7 +10,7 @@ node runs 8 processes instead of 1024.
 
 from __future__ import annotations
 
-from .cluster import Cluster
+from ..net.cluster import Cluster
 
 
 def pow2(n: int) -> bool:

@@ -18,23 +18,31 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .units import format_rate, format_time, parse_rate, parse_time
+from ..units import format_rate, format_time, parse_rate, parse_time
 
 TOPOLOGIES = ("switch", "leaf-spine")
 
 
 @dataclass(frozen=True)
 class Cluster:
-    """A homogeneous cluster. Numeric fields are SI (bits/s, seconds); strings with units are accepted too:
-    `Cluster(nodes=16, bandwidth="10Gbit", latency="20us")`.
+    """A homogeneous cluster. Numeric fields are SI (bits/s, seconds); strings with units are accepted too.
 
-    nodes, gpus_per_node: ranks = nodes * gpus_per_node.
-    bandwidth: NIC line rate per node, bits/s (nominal: framing overhead is the backend's business).
-    latency: one-way host-to-host latency between nodes, seconds.
-    intra_bandwidth, intra_latency: each GPU's port into its node's fabric.
-    topology: "switch" (one non-blocking switch) or "leaf-spine".
-    nodes_per_leaf, oversubscription: leaf-spine only; each leaf's uplink carries
-        nodes_per_leaf * bandwidth / oversubscription (2.0 means 2:1).
+    Args:
+        nodes: the number of nodes; ranks = nodes * gpus_per_node.
+        gpus_per_node: ranks per node.
+        bandwidth: NIC line rate per node, bits/s (nominal: framing overhead is the backend's business).
+        latency: one-way host-to-host latency between nodes, seconds.
+        intra_bandwidth: each GPU's port into its node's fabric, bits/s.
+        intra_latency: one-way latency inside a node, seconds.
+        topology: "switch" (one non-blocking switch) or "leaf-spine".
+        nodes_per_leaf: leaf-spine only: the nodes under each leaf.
+        oversubscription: leaf-spine only: each leaf's uplink carries nodes_per_leaf * bandwidth /
+            oversubscription (2.0 means 2:1).
+
+    Example:
+        >>> c = Cluster(nodes=16, gpus_per_node=8, bandwidth="10Gbit", latency="1ms")
+        >>> c.ranks, c.bandwidth, c.latency
+        (128, 10000000000.0, 0.001)
     """
 
     nodes: int
@@ -79,7 +87,20 @@ class Cluster:
 
     @classmethod
     def for_ranks(cls, ranks: int, gpus_per_node: int = 1, **kwargs) -> Cluster:
-        """The cluster with `ranks` GPUs, `gpus_per_node` per node."""
+        """The cluster with `ranks` GPUs, `gpus_per_node` per node.
+
+        Args:
+            ranks: the number of ranks, a multiple of gpus_per_node.
+            gpus_per_node: ranks per node.
+            **kwargs: the other fields (bandwidth, latency, ...).
+
+        Returns:
+            Cluster(nodes=ranks // gpus_per_node, gpus_per_node=gpus_per_node, **kwargs).
+
+        Example:
+            >>> Cluster.for_ranks(64, gpus_per_node=8, bandwidth="10Gbit").nodes
+            8
+        """
         if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
             raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
         if isinstance(gpus_per_node, bool) or not isinstance(gpus_per_node, int) or gpus_per_node < 1:

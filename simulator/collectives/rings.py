@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import math
 
+from ..net.cluster import Cluster
 from .algorithm import Algorithm
-from .cluster import Cluster
-from .hops import Hops
+from .bounds import Hops
 from .ranks import Rank
 from .steady import StepTags
 

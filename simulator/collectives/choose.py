@@ -1,19 +1,25 @@
 """`algorithm="auto"`: the fastest algorithm the backend offers for an op.
 
-Candidates are simulated in the order of their lower bounds (bounds.py), cheapest first. A candidate
-whose lower bound exceeds the best time simulated so far cannot win and is not simulated: it is
-reported as pruned, with its bound and why. `exact=True` simulates every candidate.
+Candidates are simulated in the order of their lower bounds (`bound`: the record's, written with bounds.py's
+building blocks), cheapest first. A candidate whose lower bound exceeds the best time simulated so far cannot win
+and is not simulated: it is reported as pruned, with its bound and why. `exact=True` simulates every candidate.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from .bounds import bound
-from .registry import ALGORITHMS, valid
-from .runner import primitive
-from .units import format_time
+from ..net.cluster import Cluster
+from ..units import format_time
+from .bounds import Hops
+from .primitive import primitive
+from .registry import ALGORITHMS, get, valid
+from .symmetry import pow2
+
+if TYPE_CHECKING:
+    from ..profiles import BackendProfile
 
 # times this close are a tie, which the backend's order breaks (float round-off must not pick); a bound
 # must exceed the best time by more than that to prune
@@ -60,6 +66,25 @@ def choose(cluster, profile, op, nbytes, cache=None, exact: bool = False, groups
             best, best_t = a, times[a]
     times = {a: times[a] for a in cands if a in times}
     return Choice(_fastest(list(times), times), times, pruned)
+
+
+def bound(cluster: Cluster, profile: BackendProfile, op: str, alg: str, nbytes: float) -> dict:
+    """{"seconds": the bound, "chain": its latency-chain part, "bytes": its bottleneck-bytes part} for `alg`
+    running `op` on nbytes; seconds = call_overhead + max(chain, bytes), 0 where there is no bound."""
+    p = cluster.ranks
+    none = {"seconds": 0.0, "chain": 0.0, "bytes": 0.0}
+    if p == 1:
+        return none
+    rec = get(op, alg)
+    of = rec.bound
+    if profile.rendezvous and rec.rendezvous:
+        if profile.rendezvous_stagger > 0 and rec.matters_in_order(p):
+            return none
+        of = rec.rendezvous_bound
+    chain = nbytes_t = 0.0
+    if of is not None and not (rec.pow2 and not pow2(p)):  # an algorithm that cannot run here: no bound
+        chain, nbytes_t = of(Hops(cluster, profile, op), nbytes)
+    return {"seconds": profile.call_overhead + max(chain, nbytes_t), "chain": chain, "bytes": nbytes_t}
 
 
 def _bound(cluster, profile, op, alg, nbytes, cache) -> dict:

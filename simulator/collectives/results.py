@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from lioncub.comm import wire
 
-from .algorithm import PRIMITIVES
+from ..profiles import PRIMITIVES
 
 
 @dataclass

@@ -14,8 +14,8 @@ on the main thread.
 * Not streamed: every H-th step runs the whole model's exchange inside step(), all exposed, amortized as 1/H.
 * Drift: with no collective for k steps the ranks drift apart, and an exchange starts when the latest voter
   arrives (`HostModel.drift`, from the host's measured step-to-step variation; none without a host model).
-* Streamed: the buckets are cut into F fragments (lioncub.comm.stagger, as the optimizer cuts them); fragment f's
-  exchange is queued at its offset in the interval on one communication thread (first in, first out) and
+* Streamed: the buckets are cut into F fragments (lioncub.comm.fragment_schedule, as the optimizer cuts them);
+  fragment f's exchange is queued at its offset in the interval on one communication thread (first in, first out) and
   step() waits for it D inner steps later. The exposed time is what those waits add, from a timeline of the
   main thread (inner steps) and the thread (the exchanges) run until it repeats. On hosts where the codec runs on
   the computing cores (codec_on_compute: CPU ranks) the thread's codec lengthens the inner steps instead. In
@@ -23,7 +23,7 @@ on the main thread.
   the flag and of the fragment's agreed update inside the node (the inner steps' node mean stays in step()).
 
 On a host's shared devices (a profile with a `host`) the same step runs as processes on its cores
-(localshared.py): the inner update at the share each rank gets, and the outer exchange's collectives with their
+(`LocalSim`): the inner update at the share each rank gets, and the outer exchange's collectives with their
 CPU and their wake-ups, which a streamed exchange pays while the next inner steps compute.
 
 A node broadcast is costed as an all-gather of the same output inside the node (the simulator's primitives
@@ -32,11 +32,13 @@ have no broadcast; a pipelined broadcast and a ring all-gather move about the sa
 
 from __future__ import annotations
 
-from lioncub.comm import stagger, wire
+import simpy
 
+from lioncub.comm import fragment_schedule, wire
+
+from ..collectives.results import CONTROL, tally
 from . import contention
-from .localshared import APPLY_BYTES, LAUNCH_BYTES, LocalSim
-from .results import CONTROL, tally
+from .hosts import Cores
 
 # the outer step's passes beyond the codec (lioncub.optim.outer), fp32: the pseudo-gradient (read anchor, p and
 # residual, write delta), its scales (read), the residual (read delta and the local value, write), the decoded
@@ -51,7 +53,7 @@ def check(local_steps, fragments, outer_delay, momentum_sync) -> tuple[int, int]
     if local_steps is not None and (isinstance(local_steps, bool) or not isinstance(local_steps, int)
                                     or local_steps < 1 or momentum_sync):
         raise ValueError("local_steps must be an int >= 1, without momentum_sync")
-    return stagger.check_options(fragments, outer_delay, local_steps)
+    return fragment_schedule.check_options(fragments, outer_delay, local_steps)
 
 
 class NodeExchanges:
@@ -76,12 +78,12 @@ class NodeExchanges:
 
 def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict, H: int,
                stream: tuple[int, int] | None = None, host=None, shared=None) -> dict:
-    """The step's parts (step.py's `_communicate` keys), per step. voters: the exchanges of the voting ranks
-    (step.py's _Exchanges: the world flat, one rank per node in the node layout); buckets: (elements, count)
-    runs; times: step.py's kernel times (the codec for the voters); stream: (F, D) or None; host: the profile's
+    """The step's parts (model.py's `_communicate` keys), per step. voters: the exchanges of the voting ranks
+    (model.py's _Exchanges: the world flat, one rank per node in the node layout); buckets: (elements, count)
+    runs; times: model.py's kernel times (the codec for the voters); stream: (F, D) or None; host: the profile's
     HostModel or None (its `drift`: the ranks' drift between the exchanges, a wait for the latest voter);
     shared: (the ranks sharing a host's devices, the voters' and the node's exchanges on links with
-    contention.HOP_PROBE more latency) to run the step on the host's devices (localshared.py; with `host`),
+    contention.HOP_PROBE more latency) to run the step on the host's devices (`LocalSim`; with `host`),
     which then also gives "step" and "optimizer"."""
     t = dict(codec=0.0, comm=0.0, exposed=0.0, tail=[], msync=0.0, sent=0.0, nic=0.0, collectives=[])
     if node is not None:
@@ -110,12 +112,12 @@ def local_step(voters, node: NodeExchanges | None, buckets, P: int, times: dict,
 
 
 def _on_shared_devices(voters, node, buckets, sizes, P, times, H, stream, host, shared, passes, drift) -> dict:
-    """The step's times from its processes on the host's devices (localshared.py): step, optimizer, exposed,
+    """The step's times from its processes on the host's devices (`LocalSim`): step, optimizer, exposed,
     codec, comm per inner step."""
     weight, probed_voters, probed_node = shared
     F, D = stream or (1, 0)
-    frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)] if stream else [sizes]
-    offsets = stagger.offsets(H, F) if stream else [0]
+    frags = [[sizes[i] for i in ks] for ks in fragment_schedule.split(sizes, F)] if stream else [sizes]
+    offsets = fragment_schedule.offsets(H, F) if stream else [0]
     work = dict(compute=contention.compute_work(host, weight, times["fwd"] + times["bwd"]),
                 update=times["optimizer"], launch=[], thread=[], apply=[])
     calls = []
@@ -195,7 +197,7 @@ def _streamed(t: dict, voters, node, sizes: list[int], times: dict, H: int, F: i
     and then its broadcasts inside the node), step()'s waits from the timeline. A fragment's exchange starts when
     the latest voter has launched it: drift over the H / F steps since the previous application, which waited
     for every voter."""
-    frags = [[sizes[i] for i in ks] for ks in stagger.split(sizes, F)]
+    frags = [[sizes[i] for i in ks] for ks in fragment_schedule.split(sizes, F)]
     whole = dict(codec=0.0, comm=0.0, sent=0.0, nic=0.0)
     busy = []  # each fragment's time on the thread
     for f in frags:
@@ -205,7 +207,7 @@ def _streamed(t: dict, voters, node, sizes: list[int], times: dict, H: int, F: i
         busy.append(drift(H / F) + ex["comm"] + (0.0 if times["codec_on_compute"] else ex["codec"]))
     on_cores = whole["codec"] if times["codec_on_compute"] else 0.0
     inner = times["fwd"] + times["bwd"] + times["optimizer"] + t["exposed"] + (passes + on_cores) / H
-    waited = stream_waits(H, stagger.offsets(H, F), D, inner, busy)
+    waited = stream_waits(H, fragment_schedule.offsets(H, F), D, inner, busy)
     t["codec"] += (whole["codec"] + passes) / H
     t["comm"] += whole["comm"] / H
     t["exposed"] += waited / H
@@ -233,3 +235,102 @@ def stream_waits(H: int, offsets: list[int], D: int, inner: float, busy: list[fl
             now += wait
             per_cycle[-1] += wait
     return per_cycle[-1]
+
+
+# ---- on a host's shared devices -------------------------------------------------------------------------
+# the outer step's passes (OUTER_BYTES_PER_PARAM) by where LionCub runs them: the pseudo-gradient at the
+# launch (read anchor, p and residual, write delta), the scales, residual and decoded update on the thread, the
+# outer momentum, the anchor and the parameters at the application
+LAUNCH_BYTES, APPLY_BYTES = 16.0, 20.0
+CYCLES = 3  # intervals of H steps simulated; the last is the step's (LionCub's timeline repeats from the second)
+
+
+class LocalSim:
+    """Local steps on shared devices (a profile with a `host`: hosts.py), as SimPy processes, as contention.py
+    runs the steps of the methods that talk every step: the timeline of one representative rank per host (the
+    host's ranks are symmetric):
+
+    * the main thread, every inner step: forward and backward (the measured compute, every rank of the host
+      computing), in the node layout the node mean's collectives (exposed), the inner Lion update; then the outer
+      step's launches (the fragment's pseudo-gradient, a pass over its parameters) and applications (the wait for
+      its exchange, the outer optimizer's passes), in LionCub's order;
+    * the communication thread takes the launched exchanges first in, first out: the wait for the latest voter
+      (`HostModel.drift` over the steps since the previous exchange), the codec and its share of the outer passes,
+      then each collective (`contention.run_call`: its network time, a wake-up at each wait while the host's cores
+      are busy, its software path's CPU on the cores).
+
+    In the node layout only each node's leader votes; the model runs the leader's thread for every rank of the
+    host (the ranks are taken as symmetric), an upper bound on what the thread takes from the cores.
+
+    An outer step that is not streamed is one fragment of every bucket, launched and applied at every H-th step
+    (D = 0): step() waits for all of it. Streamed, the thread's work shares the cores with the next inner steps'
+    compute, and its collectives' waits fall while every core computes: what makes a streamed exchange on a CPU
+    host take longer than the same exchange in step(). The timeline runs until it repeats; the last interval of H
+    steps is the step's.
+
+    work: compute (device-seconds of forward and backward), update (the inner Lion update), launch[f], thread[f]
+    (codec and outer passes) and apply[f] per fragment; calls[f]: fragment f's Calls on the thread; node: the node
+    mean's Calls of every inner step (in step()); offsets, D: LionCub's stagger; drift: the wait for the latest voter
+    before each exchange."""
+
+    def __init__(self, host, weight: int, H: int, work: dict, calls: list, node: list, offsets: list[int], D: int,
+                 drift: float):
+        self.env = simpy.Environment()
+        self.cores = Cores(self.env, host, weight)
+        self.host, self.H, self.work, self.calls, self.node = host, H, work, calls, node
+        self.offsets, self.D, self.drift = offsets, D, drift
+        self.queue = simpy.Store(self.env)
+        self.last = dict(exposed=0.0, optimizer=0.0, codec=0.0, comm=0.0)
+
+    def run(self) -> dict:
+        """Per inner step, over the last interval: step, exposed, optimizer (the inner update; the launches and the
+        applications when streamed, else they are exposed), codec and comm (the thread's)."""
+        self.env.process(self.thread())
+        main = self.env.process(self.main())
+        start, end = self.env.run(until=main)
+        out = {k: v / self.H for k, v in self.last.items()}
+        out["step"] = (end - start) / self.H
+        return out
+
+    def _counting(self, t: int) -> bool:
+        return t > (CYCLES - 1) * self.H
+
+    def _timed(self, key: str, t: int, event):
+        t0 = self.env.now
+        yield event
+        if self._counting(t):
+            self.last[key] += self.env.now - t0
+
+    def main(self):
+        env, work, cores = self.env, self.work, self.cores
+        pending, start = [], 0.0
+        outer = "exposed" if self.D == 0 else "optimizer"  # an outer step in step(): LionCub times all of it as exposed
+        for t in range(1, CYCLES * self.H + 1):
+            if t == (CYCLES - 1) * self.H + 1:
+                start = env.now
+            yield cores.run(work["compute"])
+            for c in self.node:
+                yield from self._timed("exposed", t, env.process(contention.run_call(env, cores, self.host, c)))
+            yield from self._timed("optimizer", t, cores.run(work["update"]))
+            for f, o in enumerate(self.offsets):
+                if t % self.H == o:
+                    yield from self._timed(outer, t, cores.run(work["launch"][f]))
+                    done = env.event()
+                    pending.append((t + self.D, f, done))
+                    self.queue.put((t, f, done))
+            while pending and pending[0][0] <= t:
+                _, f, done = pending.pop(0)
+                yield from self._timed("exposed", t, done)
+                yield from self._timed(outer, t, cores.run(work["apply"][f]))
+        return start, env.now
+
+    def thread(self):
+        env = self.env
+        while True:
+            t, f, done = yield self.queue.get()
+            yield env.timeout(self.drift)
+            yield from self._timed("codec", t, self.cores.run(self.work["thread"][f]))
+            for c in self.calls[f]:
+                yield from self._timed("comm", t, env.process(contention.run_call(env, self.cores, self.host, c)))
+            done.succeed()
+

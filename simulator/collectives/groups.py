@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .cluster import Cluster
+from ..net.cluster import Cluster
 
 
 @dataclass(frozen=True)

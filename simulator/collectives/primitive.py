@@ -162,7 +162,7 @@ class Cache:
     def __init__(self):
         self.results: dict = {}
         self.bounds: dict = {}  # auto's lower bounds (choose.py)
-        self.steps: dict = {}  # whole steps many calls share (the sharded layout's baseline: step.py)
+        self.steps: dict = {}  # whole steps many calls share (the sharded layout's baseline: step/model.py)
         self._profiles: dict = {}
 
     def key(self, cluster, profile, op, alg, nbytes, groups=None):

@@ -1,5 +1,6 @@
 """The collective algorithms the simulator knows, by op: one `Algorithm` record each (algorithm.py), defined in
-the module of its program. Their order here is the order profiles list them in and `auto` breaks ties by.
+the module of its program. Their order here is the order profiles list them in and `auto` breaks ties by. The
+registry keeps the names the profiles read (profiles.ALL_ALGORITHMS, profiles.LIBRARY_ALGORITHMS).
 
 Adding an algorithm is its record in its module and one line in BUILTIN (docs/SIMULATOR.md: Adding a
 collective algorithm); `register` adds a record at run time (a test, a user's own algorithm).
@@ -7,14 +8,13 @@ collective algorithm); `register` adds a record at run time (a test, a user's ow
 
 from __future__ import annotations
 
+from ..net.cluster import Cluster
+from ..profiles import ALL_ALGORITHMS, LIBRARY_ALGORITHMS, PRIMITIVES
 from . import alltoall, doubling, rings, trees
-from .algorithm import LIBRARIES, PRIMITIVES, Algorithm
-from .cluster import Cluster
+from .algorithm import Algorithm
 from .symmetry import pow2
 
 ALGORITHMS: dict[str, dict[str, Algorithm]] = {op: {} for op in PRIMITIVES}
-# the names by op: every profile's choice unless it lists its own (profiles.BackendProfile.algorithms)
-ALL_ALGORITHMS: dict[str, list[str]] = {op: [] for op in PRIMITIVES}
 
 
 def register(alg: Algorithm) -> Algorithm:
@@ -26,6 +26,8 @@ def register(alg: Algorithm) -> Algorithm:
         raise ValueError(f"{alg.op} algorithm {alg.name!r} is already registered")
     ALGORITHMS[alg.op][alg.name] = alg
     ALL_ALGORITHMS[alg.op].append(alg.name)
+    for library in set(alg.libraries):
+        LIBRARY_ALGORITHMS[library][alg.op].append(alg.name)
     return alg
 
 
@@ -35,6 +37,8 @@ def unregister(alg: Algorithm) -> None:
         raise ValueError(f"{alg.op} algorithm {alg.name!r} is not this record")
     del ALGORITHMS[alg.op][alg.name]
     ALL_ALGORITHMS[alg.op].remove(alg.name)
+    for library in set(alg.libraries):
+        LIBRARY_ALGORITHMS[library][alg.op].remove(alg.name)
 
 
 BUILTIN = (
@@ -55,14 +59,6 @@ BUILTIN = (
 )
 for _alg in BUILTIN:
     register(_alg)
-
-
-def library_algorithms(library: str) -> dict[str, list[str]]:
-    """{op: [names]} of the algorithms a library implements (a built-in profile's `algorithms`)."""
-    if library not in LIBRARIES:
-        raise ValueError(f"unknown library {library!r}; choose one of: {', '.join(LIBRARIES)}")
-    out = {op: [name for name, a in algs.items() if library in a.libraries] for op, algs in ALGORITHMS.items()}
-    return {op: names for op, names in out.items() if names}
 
 
 def get(op: str, alg: str) -> Algorithm:

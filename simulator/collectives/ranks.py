@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING
 
 import simpy
 
+from ..net.cluster import Cluster
+from ..net.engine import succeed_in
+from ..net.network import Network
 from . import steady
-from .cluster import Cluster
-from .engine import succeed_in
-from .network import Network
 from .symmetry import Symmetry
 
 if TYPE_CHECKING:
-    from .profiles import BackendProfile
+    from ..profiles import BackendProfile
 
 
 class Sim:

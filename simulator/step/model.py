@@ -18,7 +18,7 @@ communicates inside step(): the control allreduce first, then the buckets).
 
 Local steps (`local_steps=H`, LionCub(local_steps=H[, fragments=F, outer_delay=D])): every step is compute and a
 local Lion update; every H steps the outer exchange of the pseudo-gradients, inside step() or streamed in
-fragments on the communication thread; flat or in the node layout (simulator/localsteps.py). No momentum sync.
+fragments on the communication thread; flat or in the node layout (step/local.py). No momentum sync.
 
 Kernel times are bytes moved through device memory / `memory_bandwidth`:
   Lion update (all methods): read p, g, m, write p, m = 20 bytes per parameter.
@@ -32,7 +32,7 @@ and its simulated time reused for every bucket of the same size.
 Hierarchical layout (`hierarchical=True`, nodes of G = cluster.gpus_per_node ranks): a bucket's exchange is
 the method's `hierarchical_collectives`: a reduce-scatter inside every node, the method's collectives on
 the S = wire.shard_elements(n, G) element shard across nodes (G groups of N/G ranks sharing each NIC),
-an all-gather of the agreed codes inside every node (simulated on sub-groups: groups.py); the momentum
+an all-gather of the agreed codes inside every node (simulated on sub-groups: collectives/groups.py); the momentum
 sync is an fp32 allreduce of the shard across nodes; the control allreduce stays one world allreduce.
 Codec per bucket: the method's codec_bytes_per_element for N/G voters on the S-element shard and the
 decode of all G gathered shards' codes (G * agreed_bytes(S)) at the codec's speed, and one pass over the
@@ -42,7 +42,7 @@ parameter (an upper bound: each rank updates the momentum of its shard only).
 
 Sharded layout (`sharded=True`: the model sharded by FSDP2 inside nodes of G ranks, HSDP): FSDP's all-gathers
 and reduce-scatter inside the node, the method across nodes on the 1/G shard, the update on the shard, as
-FSDP2 overlaps them; simulator/sharded.py and shardsim.py.
+FSDP2 overlaps them; step/sharded.py.
 """
 
 from __future__ import annotations
@@ -55,10 +55,9 @@ from dataclasses import dataclass, field
 from lioncub import methods
 from lioncub.comm import wire
 
-from . import contention, localsteps
-from . import sharded as shard
-from .cluster import Cluster
-from .collectives import (
+from ..collectives.results import CONTROL, CollectiveResult
+from ..collectives.results import tally as _tally
+from ..collectives.simulate import (
     ALGORITHMS,
     MOMENTUM_SYNC,
     Cache,
@@ -68,11 +67,12 @@ from .collectives import (
     simulate_collective,
     simulate_collectives,
 )
+from ..net.cluster import Cluster
+from ..profiles import BackendProfile, get_profile
+from ..units import parse_byte_rate, parse_count, parse_time
+from . import contention, local
+from . import sharded as shard
 from .hosts import HostModel
-from .profiles import get_profile
-from .results import CONTROL, CollectiveResult
-from .results import tally as _tally
-from .units import parse_byte_rate, parse_count, parse_time
 
 UPDATE_BYTES_PER_PARAM = 20.0  # fp32 Lion update: read p, g, m; write p, m
 DDP_BUCKET_MB = 25.0  # torch DDP's bucket_cap_mb: the baseline's buckets
@@ -165,110 +165,187 @@ def _tensors(tensors, params):
     return sizes, sum(sizes)
 
 
-def simulate_step(
-    cluster: Cluster, method: str | methods.Method = methods.BASELINE, params=None, momentum_sync: int | None = None,
-    bucket_mb: float = 25.0, compute_seconds=None, flops_per_second=None, tokens_per_step=None, backend="nccl",
-    algorithm="auto", *, grad_dtype: str = "float32", levels: int | None = None, memory_bandwidth="2TB/s",
-    backward_fraction: float = 2 / 3, overlap: bool = True, cache: Cache | None = None, exact: bool = False,
-    hierarchical: bool = False, local_steps: int | None = None, fragments: int | None = None,
-    outer_delay: int | None = None, sharded: bool = False, units=None, param_dtype: str = "float32",
-    tensors=None, _baseline: bool = True,
-) -> StepResult:
-    """Simulate one data-parallel training step with lioncub `method` on `cluster`.
+@dataclass(frozen=True)
+class StepSpec:
+    """What one training step runs, the cluster aside: the workload, the method and its options, the backend.
 
-    method: a name in lioncub.methods.NAMES, or a `Method` (costed by the collectives it declares).
-    params: number of parameters (int, or '1.3B').
-    momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by a dense method.
-    bucket_mb: bucket size in MiB of fp32 gradients (DDP's bucket_cap_mb; lioncub uses the same).
-    compute_seconds: forward + backward time per step; or give flops_per_second and tokens_per_step
-        (per rank) for 6 * params * tokens / flops.
-    algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
-        "op=alg,..." (see simulate_collective).
-    grad_dtype: the gradients' dtype on the wire ("float32", "bfloat16", "float16") where the method sends
-        them: a dense method's allreduce (DDP's bf16 compression hook), the hierarchical reduce-scatter.
-    overlap: each bucket is exchanged as soon as backward has produced it, overlapping the rest of
-        backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
-        (False). Applies to the baseline of other methods too.
-    exact: simulate every collective rank by rank (see simulate_collective).
-    hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (see above;
-        methods with a codec only). The baseline stays torch DDP's flat allreduce.
-    local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized (see above); with
-        hierarchical, in the node layout. fragments, outer_delay: F and D, the outer exchanges streamed
-        (LionCub's options of those names; flat only).
-    sharded: the model sharded by FSDP2 inside nodes of cluster.gpus_per_node ranks, the method across nodes
-        on the shards (HSDP, simulator/sharded.py; a dense method: FSDP2's own HSDP with plain Lion, which is
-        then the baseline). units: the FSDP units' parameter counts in forward order, the root first
-        (default: bucket_mb MiB each); param_dtype: the parameters' all-gather dtype (MixedPrecisionPolicy).
-    tensors: the model's parameter tensors' element counts in model.parameters() order (params defaults to their
-        sum): LionCub's buckets are cut at their boundaries, as the optimizer cuts them (each closes once it holds
-        bucket_mb); default: equal buckets of bucket_mb. Not sharded; the baseline keeps DDP's equal buckets.
-    memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
-        `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
-        devices by a calibration: those speeds replace memory_bandwidth for those kernels.
+    `simulate_step(cluster, spec)` simulates it; the keyword form `simulate_step(cluster, method, params, ...)`
+    builds one. A variant: `dataclasses.replace(spec, momentum_sync=10)`. The fields are checked when the step is
+    simulated (one-line ValueErrors).
+
+    Args:
+        method: a name in lioncub.methods.NAMES, or a `Method` (costed by the collectives it declares).
+        params: number of parameters (int, or '1.3B').
+        momentum_sync: K, average momentum every K steps (None or 0: never). Ignored by a dense method.
+        bucket_mb: bucket size in MiB of fp32 gradients (DDP's bucket_cap_mb; lioncub uses the same).
+        compute_seconds: forward + backward time per step; or give flops_per_second and tokens_per_step.
+        flops_per_second: with tokens_per_step (per rank), compute = 6 * params * tokens / flops.
+        tokens_per_step: see flops_per_second.
+        backend: "nccl", "gloo", "ideal" or a BackendProfile.
+        algorithm: "auto" (fastest the backend offers for each collective), an algorithm name, or
+            "op=alg,..." (see simulate_collective).
+        grad_dtype: the gradients' dtype on the wire ("float32", "bfloat16", "float16") where the method sends
+            them: a dense method's allreduce (DDP's bf16 compression hook), the hierarchical reduce-scatter.
+        levels: l1-pbit's and vote-pbit's number of levels (default: lioncub's for the world size).
+        memory_bandwidth: device memory bandwidth for kernel times (bytes/s or '2TB/s'). A profile whose
+            `codec_bandwidth` names this method's codec (or "update") was measured on the ranks' own
+            devices by a calibration: those speeds replace memory_bandwidth for those kernels.
+        backward_fraction: the share of compute_seconds that is backward (the rest is forward).
+        overlap: each bucket is exchanged as soon as backward has produced it, overlapping the rest of
+            backward, as DDP and LionCub do (True); or after backward, as `LionCub(..., overlap=False)` does
+            (False). Applies to the baseline of other methods too.
+        exact: simulate every collective rank by rank (see simulate_collective).
+        hierarchical: LionCub's hierarchical layout with nodes of cluster.gpus_per_node ranks (methods with a
+            codec only). The baseline stays torch DDP's flat allreduce.
+        local_steps: H, LionCub(local_steps=H): the outer exchange every H steps, amortized; with hierarchical,
+            in the node layout.
+        fragments: F, the outer exchanges streamed in F fragments (LionCub's option of that name; flat only).
+        outer_delay: D, each fragment applied D steps after it was sent (LionCub's option of that name).
+        sharded: the model sharded by FSDP2 inside nodes of cluster.gpus_per_node ranks, the method across nodes
+            on the shards (HSDP, step/sharded.py; a dense method: FSDP2's own HSDP with plain Lion, which is
+            then the baseline).
+        units: sharded: the FSDP units' parameter counts in forward order, the root first (default: bucket_mb MiB
+            each).
+        param_dtype: sharded: the parameters' all-gather dtype (MixedPrecisionPolicy).
+        tensors: the model's parameter tensors' element counts in model.parameters() order (params defaults to
+            their sum): LionCub's buckets are cut at their boundaries, as the optimizer cuts them (each closes
+            once it holds bucket_mb); default: equal buckets of bucket_mb. Not sharded; the baseline keeps DDP's
+            equal buckets.
+
+    Example:
+        >>> spec = StepSpec("vote-1bit", params="124M", compute_seconds=0.2, momentum_sync=10)
+        >>> dataclasses.replace(spec, momentum_sync=None).momentum_sync is None
+        True
     """
-    args = dict(locals())
-    layout = {k: args.pop(k) for k in ("sharded", "units", "param_dtype")}
-    if layout.pop("sharded"):
-        if args.pop("tensors") is not None:
+
+    method: str | methods.Method = methods.BASELINE
+    params: int | float | str | None = None
+    momentum_sync: int | None = None
+    bucket_mb: float = 25.0
+    compute_seconds: float | str | None = None
+    flops_per_second: float | str | None = None
+    tokens_per_step: float | str | None = None
+    backend: str | BackendProfile = "nccl"
+    algorithm: str | dict = "auto"
+    grad_dtype: str = "float32"
+    levels: int | None = None
+    memory_bandwidth: float | str = "2TB/s"
+    backward_fraction: float = 2 / 3
+    overlap: bool = True
+    exact: bool = False
+    hierarchical: bool = False
+    local_steps: int | None = None
+    fragments: int | None = None
+    outer_delay: int | None = None
+    sharded: bool = False
+    units: list[int] | None = None
+    param_dtype: str = "float32"
+    tensors: list[int] | None = None
+
+
+def simulate_step(cluster: Cluster, method: str | methods.Method | StepSpec = methods.BASELINE, params=None,
+                  momentum_sync: int | None = None, bucket_mb: float = 25.0, compute_seconds=None,
+                  flops_per_second=None, tokens_per_step=None, backend="nccl", algorithm="auto", *,
+                  cache: Cache | None = None, **options) -> StepResult:
+    """Simulate one data-parallel training step on `cluster`, and the same step with torch DDP and Lion.
+
+    Args:
+        cluster: the ranks and the network between them.
+        method: a StepSpec (then the options below stay unset), or the method: a name in lioncub.methods.NAMES or
+            a `Method`, with the options given here, which build the StepSpec.
+        params: the number of parameters (StepSpec.params).
+        momentum_sync: K, the momenta averaged every K steps (StepSpec.momentum_sync).
+        bucket_mb: MiB of fp32 gradients per bucket (StepSpec.bucket_mb).
+        compute_seconds: forward + backward per step (StepSpec.compute_seconds).
+        flops_per_second: with tokens_per_step, instead of compute_seconds (StepSpec.flops_per_second).
+        tokens_per_step: see flops_per_second (StepSpec.tokens_per_step).
+        backend: "nccl", "gloo", "ideal" or a BackendProfile (StepSpec.backend).
+        algorithm: "auto", an algorithm name or "op=alg,..." (StepSpec.algorithm).
+        cache: a memo of simulated collectives to share between calls (a sweep, a search); default: a new one.
+        **options: StepSpec's other fields: grad_dtype, levels, memory_bandwidth, backward_fraction, overlap,
+            exact, hierarchical, local_steps, fragments, outer_delay, sharded, units, param_dtype, tensors.
+
+    Returns:
+        A StepResult: the step's seconds and their parts, the bytes each rank sends, and `speedup` over the
+        baseline, torch DDP's fp32 allreduce in 25 MiB buckets with Lion on the same cluster and backend.
+
+    Example:
+        >>> cluster = Cluster.for_ranks(16, gpus_per_node=4, bandwidth="1Gbit", latency="50us")
+        >>> r = simulate_step(cluster, StepSpec("vote-1bit", params="124M", compute_seconds=0.2))
+        >>> r == simulate_step(cluster, "vote-1bit", "124M", compute_seconds=0.2) and r.speedup > 1
+        True
+    """
+    if isinstance(method, StepSpec):
+        keywords = StepSpec(methods.BASELINE, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second,
+                            tokens_per_step, backend, algorithm)
+        if options or keywords != StepSpec():
+            raise ValueError("give simulate_step a StepSpec or its options, not both; a variant of a spec: "
+                             "dataclasses.replace(spec, ...)")
+        spec = method
+    else:
+        spec = StepSpec(method, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second, tokens_per_step,
+                        backend, algorithm, **options)
+    return _simulate(cluster, spec, Cache() if cache is None else cache, baseline=True)
+
+
+def _simulate(cluster: Cluster, s: StepSpec, cache: Cache, baseline: bool) -> StepResult:
+    """The step of `s` (with the baseline's, for the speedup, unless `baseline` is False: it is the baseline)."""
+    if s.sharded:
+        if s.tensors is not None:
             raise ValueError("tensors describe LionCub's buckets; a sharded model's are its FSDP units: give units")
-        return _sharded_step(args, **layout)
-    if layout["units"] is not None or layout["param_dtype"] != "float32":
+        return _sharded_step(cluster, s, cache, baseline)
+    if s.units is not None or s.param_dtype != "float32":
         raise ValueError("units and param_dtype describe the sharded layout: give sharded=True")
-    return _replicated_step(**args)
+    return _replicated_step(cluster, s, cache, baseline)
 
 
-def _replicated_step(cluster, method, params, momentum_sync, bucket_mb, compute_seconds, flops_per_second,
-                     tokens_per_step, backend, algorithm, *, grad_dtype, levels, memory_bandwidth, backward_fraction,
-                     overlap, cache, exact, hierarchical, local_steps, fragments, outer_delay, tensors,
-                     _baseline) -> StepResult:
+def _replicated_step(cluster: Cluster, s: StepSpec, cache: Cache, baseline: bool) -> StepResult:
     """simulate_step in the flat and hierarchical layouts (every rank holds the whole model)."""
-    meth = methods.get(method)
-    _check_layout(meth, hierarchical)
-    stream = localsteps.check(local_steps, fragments, outer_delay, momentum_sync)
-    tensors, params = _tensors(tensors, params)
-    P, K, compute, mem_bw = _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction,
-                                          memory_bandwidth, compute_seconds, flops_per_second, tokens_per_step)
-    profile, cache = get_profile(backend), cache if cache is not None else Cache()
+    meth = methods.get(s.method)
+    _check_layout(meth, s.hierarchical)
+    stream = local.check(s.local_steps, s.fragments, s.outer_delay, s.momentum_sync)
+    tensors, params = _tensors(s.tensors, s.params)
+    P, K, compute, mem_bw = _check_inputs(cluster, s, params)
+    profile = get_profile(s.backend)
     cluster, host = _host_transport(cluster, profile)
-    G, spec = (cluster.gpus_per_node if hierarchical else 0), _step_spec(algorithm)
+    G, algs = (cluster.gpus_per_node if s.hierarchical else 0), _algorithms_by_op(s.algorithm)
     # 1. what the buckets, the control message and the momentum sync cost on the wire, each simulated once
-    ex = _Exchanges(cluster, profile, meth, spec, cache, exact, levels, grad_dtype, G)
-    voters = ex.voters() if local_steps else None  # local steps: the outer exchange's voters, the node's
+    ex = _Exchanges(cluster, profile, meth, algs, cache, s.exact, s.levels, s.grad_dtype, G)
+    voters = ex.voters() if s.local_steps else None  # local steps: the outer exchange's voters, the node's
     # 2. the kernels: forward, backward, codec (local steps: the voters' outer codec, fp32), Lion update
-    times = _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, ex.N, G, levels, grad_dtype) \
-        if voters is None else _kernel_times(meth, P, compute, backward_fraction, profile, mem_bw, voters[0].N, 0,
-                                             levels, "float32")
+    times = _kernel_times(meth, P, compute, s.backward_fraction, profile, mem_bw, ex.N, G, s.levels, s.grad_dtype) \
+        if voters is None else _kernel_times(meth, P, compute, s.backward_fraction, profile, mem_bw, voters[0].N, 0,
+                                             s.levels, "float32")
     if host is not None and not G and voters is None:  # the update as the run's optimizer ran it (flat layout)
-        measured = host.update_of("lion" if _is_ddp(meth, grad_dtype, bucket_mb) else meth.name, P)
+        measured = host.update_of("lion" if _is_ddp(meth, s.grad_dtype, s.bucket_mb) else meth.name, P)
         if measured is not None:  # (alone: device-seconds)
             times.update(optimizer=measured, measured=True)
     # 3. the step: the buckets' exchanges against backward, and what outlasts it (on shared devices: processes)
-    buckets = _buckets(P, bucket_mb * 2**20, tensors)
+    buckets = _buckets(P, s.bucket_mb * 2**20, tensors)
     if voters is not None:
         shared = None if host is None else (host.ranks_per_host(ex.N, ex.cluster.gpus_per_node),
                                             *ex.probed(contention.HOP_PROBE).voters())
-        t = localsteps.local_step(*voters, buckets, P, times, local_steps, stream, host, shared)
+        t = local.local_step(*voters, buckets, P, times, s.local_steps, stream, host, shared)
         t.setdefault("step", _step_seconds(compute, t["tail"], times["optimizer"]))
     else:
-        t = _the_step(ex, meth, buckets, P, times, overlap, K, host, compute)
+        t = _the_step(ex, meth, buckets, P, times, s.overlap, K, host, compute)
     step = t["step"]
     # 4. the baseline, torch DDP on the same cluster (a dense method with fp32 gradients in DDP's buckets is it)
     base_step, base_dict = step, None
-    if _baseline and not _is_ddp(meth, grad_dtype, bucket_mb):
-        base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap,
-                                             cache, exact)
+    if baseline and not _is_ddp(meth, s.grad_dtype, s.bucket_mb):
+        base_step, base_dict = _ddp_baseline(cluster, P, compute, profile, algs, mem_bw, s, cache)
     speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
     held, fraction = shard.memory(P, G or 1, "hierarchical" if G else "flat")
     return StepResult(
         memory_bytes_per_rank=held, memory_fraction=fraction,
         hierarchical=bool(G), node_size=G or 1, nic_bytes_per_node=t["nic"], contention=t.get("contention"),
-        step_interval=interval(step, err), speedup_interval=_baseline and ratio_interval(speedup, err) or None,
+        step_interval=interval(step, err), speedup_interval=baseline and ratio_interval(speedup, err) or None,
         method=meth.name, backend=profile.name, ranks=ex.N, params=P, step_seconds=step,
         compute_seconds=compute, optimizer_seconds=t.get("optimizer", times["optimizer"]), codec_seconds=t["codec"],
         communication_seconds=t["comm"], exposed_communication_seconds=t["exposed"],
         momentum_sync_seconds=t["msync"], bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step,
         speedup=speedup, momentum_sync=K, buckets=sum(k for _, k in buckets),
-        collectives=t["collectives"], baseline=base_dict, local_steps=local_steps,
+        collectives=t["collectives"], baseline=base_dict, local_steps=s.local_steps,
         fragments=stream and stream[0], outer_delay=stream and stream[1],
     )
 
@@ -278,27 +355,24 @@ def _is_ddp(meth, grad_dtype: str, bucket_mb: float) -> bool:
     return meth.dense and grad_dtype == "float32" and bucket_mb == DDP_BUCKET_MB
 
 
-def _sharded_step(a: dict, units, param_dtype) -> StepResult:
-    """simulate_step with sharded=True (simulator/sharded.py); `a`: its other arguments."""
-    meth = methods.get(a["method"])
-    shard.check(a["cluster"], meth, a["hierarchical"], a["local_steps"] or a["fragments"], a["momentum_sync"],
-                param_dtype)
-    P, K, compute, mem_bw = _check_inputs(a["cluster"], a["params"], a["grad_dtype"], a["bucket_mb"],
-                                          a["momentum_sync"], a["backward_fraction"], a["memory_bandwidth"],
-                                          a["compute_seconds"], a["flops_per_second"], a["tokens_per_step"])
-    profile, cache = get_profile(a["backend"]), a["cache"] if a["cache"] is not None else Cache()
-    cluster, host = _host_transport(a["cluster"], profile)
-    sizes, bwd = shard.unit_sizes(P, units, a["bucket_mb"]), compute * a["backward_fraction"]
+def _sharded_step(given: Cluster, s: StepSpec, cache: Cache, baseline: bool) -> StepResult:
+    """simulate_step with sharded=True (step/sharded.py) on the `given` cluster."""
+    meth = methods.get(s.method)
+    shard.check(given, meth, s.hierarchical, s.local_steps or s.fragments, s.momentum_sync, s.param_dtype)
+    P, K, compute, mem_bw = _check_inputs(given, s, s.params)
+    profile = get_profile(s.backend)
+    cluster, host = _host_transport(given, profile)
+    sizes, bwd = shard.unit_sizes(P, s.units, s.bucket_mb), compute * s.backward_fraction
     t = shard.simulate(dict(
         cluster=cluster, profile=profile, meth=meth, P=P, sizes=sizes, K=K, fwd=compute - bwd, bwd=bwd,
         update_bytes=UPDATE_BYTES_PER_PARAM, update_bw=profile.codec_bandwidth.get("update", mem_bw),
-        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), host=host, spec=_step_spec(a["algorithm"]),
-        cache=cache, exact=a["exact"], levels=a["levels"], grad_dtype=a["grad_dtype"], param_dtype=param_dtype,
-        overlap=a["overlap"]))
+        codec_bw=profile.codec_bandwidth.get(meth.name, mem_bw), host=host, spec=_algorithms_by_op(s.algorithm),
+        cache=cache, exact=s.exact, levels=s.levels, grad_dtype=s.grad_dtype, param_dtype=s.param_dtype,
+        overlap=s.overlap))
     step, base_dict = t["step"], None
     base_step = step
-    if a["_baseline"] and not meth.dense:  # the sharded baseline: FSDP2's own HSDP and plain Lion
-        base_step, base_dict = _sharded_baseline(a, cache, cluster, profile, P, sizes, param_dtype)
+    if baseline and not meth.dense:  # the sharded baseline: FSDP2's own HSDP and plain Lion
+        base_step, base_dict = _sharded_baseline(given, s, cache, cluster, profile, P, sizes)
     speedup, err = (base_step / step if step > 0 else math.inf), profile.forecast_error
     return StepResult(
         method=meth.name, backend=profile.name, ranks=cluster.ranks, params=P, step_seconds=step,
@@ -307,20 +381,21 @@ def _sharded_step(a: dict, units, param_dtype) -> StepResult:
         bytes_sent_per_rank=t["sent"], baseline_step_seconds=base_step, speedup=speedup,
         momentum_sync=None if meth.dense else K, buckets=len(sizes), collectives=t["collectives"], baseline=base_dict,
         node_size=cluster.gpus_per_node, nic_bytes_per_node=t["nic"], contention=t["contention"],
-        step_interval=interval(step, err), speedup_interval=a["_baseline"] and ratio_interval(speedup, err) or None,
+        step_interval=interval(step, err), speedup_interval=baseline and ratio_interval(speedup, err) or None,
         sharded=True, memory_bytes_per_rank=t["memory"], memory_fraction=t["memory_fraction"],
         node_bytes_per_rank=t["node_sent"], fsdp_exposed_seconds=t["fsdp_exposed"])
 
 
-def _sharded_baseline(a: dict, cache: Cache, cluster, profile, P, sizes, param_dtype) -> tuple[float, dict]:
+def _sharded_baseline(given: Cluster, s: StepSpec, cache: Cache, cluster, profile, P, sizes) -> tuple[float, dict]:
     """(step seconds, StepResult fields) of FSDP2's own HSDP with plain Lion on the same units, simulated once per
     cache (autotune asks it of every sharded candidate)."""
-    key = cache.key(cluster, profile, "sharded baseline", repr(a["algorithm"]), P) + tuple(
-        repr(a[k]) for k in ("compute_seconds", "flops_per_second", "tokens_per_step", "grad_dtype",
-                             "memory_bandwidth", "backward_fraction", "overlap", "exact")) + (tuple(sizes), param_dtype)
+    key = cache.key(cluster, profile, "sharded baseline", repr(s.algorithm), P) + tuple(
+        repr(getattr(s, k)) for k in ("compute_seconds", "flops_per_second", "tokens_per_step", "grad_dtype",
+                                      "memory_bandwidth", "backward_fraction", "overlap", "exact")) + (
+        tuple(sizes), s.param_dtype)
     if key not in cache.steps:
-        base = simulate_step(**{**a, "method": methods.BASELINE, "momentum_sync": None, "levels": None,
-                                "cache": cache, "_baseline": False}, sharded=True, units=sizes, param_dtype=param_dtype)
+        spec = dataclasses.replace(s, method=methods.BASELINE, momentum_sync=None, levels=None, units=sizes)
+        base = _simulate(given, spec, cache, baseline=False)
         cache.steps[key] = base.step_seconds, {k: v for k, v in base.to_dict().items()
                                                if k not in ("baseline", "collectives")}
     return cache.steps[key]
@@ -414,11 +489,11 @@ def _step_seconds(compute: float, tail: list[float], optimizer: float) -> float:
     return step + optimizer
 
 
-def _ddp_baseline(cluster, P, compute, profile, spec, mem_bw, backward_fraction, overlap, cache, exact):
+def _ddp_baseline(cluster, P, compute, profile, algs, mem_bw, s: StepSpec, cache: Cache) -> tuple[float, dict]:
     """(step seconds, StepResult fields) of torch DDP: the baseline method, fp32 gradients in 25 MiB buckets."""
-    base = simulate_step(cluster, methods.BASELINE, P, None, DDP_BUCKET_MB, compute, None, None, profile,
-                         algorithm=spec, memory_bandwidth=mem_bw, backward_fraction=backward_fraction,
-                         overlap=overlap, cache=cache, exact=exact, _baseline=False)
+    spec = StepSpec(methods.BASELINE, P, None, DDP_BUCKET_MB, compute, backend=profile, algorithm=algs,
+                    memory_bandwidth=mem_bw, backward_fraction=s.backward_fraction, overlap=s.overlap, exact=s.exact)
+    base = _simulate(cluster, spec, cache, baseline=False)
     return base.step_seconds, {k: v for k, v in base.to_dict().items() if k not in ("baseline", "collectives")}
 
 
@@ -434,7 +509,7 @@ class _Exchanges:
 
     def bucket(self, e: int) -> tuple[CollectiveResult, str, int]:
         """A bucket of e parameters: (the collectives the method issues for it, how StepResult lists them:
-        algorithm and size). A method with a codec is listed as a composite (collectives.py): every collective
+        algorithm and size). A method with a codec is listed as a composite (collectives/simulate.py): every collective
         it issues (op:algorithm) and its fp32 bucket; a dense method by the algorithms of its collectives and
         the gradients they carry, as they are on the wire."""
         if ("bucket", e) not in self.memo:
@@ -464,7 +539,7 @@ class _Exchanges:
         return _Exchanges(twin, self.profile, self.meth, self.spec, self.cache, self.exact, self.levels,
                           self.grad_dtype, self.G)
 
-    def voters(self) -> tuple[_Exchanges, localsteps.NodeExchanges | None]:
+    def voters(self) -> tuple[_Exchanges, local.NodeExchanges | None]:
         """Local steps: the exchanges of the ranks that vote in the outer step (flat: every rank, without the
         hierarchical collectives; the node layout: local rank 0 of every node, one rank per node on the cross
         links) and the node's own collectives (None when flat)."""
@@ -477,7 +552,7 @@ class _Exchanges:
         def simulate(name, colls, nbytes):
             return simulate_collectives(self.cluster, self.profile, name, colls, self.spec, nbytes, self.cache,
                                         exact=self.exact, node_size=self.G)
-        return twin, localsteps.NodeExchanges(simulate, self.G)
+        return twin, local.NodeExchanges(simulate, self.G)
 
     def momentum_sync(self, e: int) -> CollectiveResult:
         """The fp32 momentum average of a bucket of e parameters (of its shard, in the hierarchical layout)."""
@@ -512,8 +587,7 @@ def _communicate(ex, meth, buckets, P, times, overlap, K) -> dict:
     return t
 
 
-def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backward_fraction, memory_bandwidth,
-                  compute_seconds, flops_per_second, tokens_per_step):
+def _check_inputs(cluster, s: StepSpec, params):
     """(parameters, sync interval K or None, compute seconds, memory bandwidth) from the step's inputs."""
     if not isinstance(cluster, Cluster):
         raise ValueError(f"cluster must be a Cluster, got {type(cluster).__name__}")
@@ -522,29 +596,29 @@ def _check_inputs(cluster, params, grad_dtype, bucket_mb, momentum_sync, backwar
     P = parse_count(params)
     if not P >= 1:
         raise ValueError(f"params must be >= 1, got {params!r}")
-    if grad_dtype not in GRAD_DTYPES:
-        raise ValueError(f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {grad_dtype!r}")
-    if not (isinstance(bucket_mb, (int, float)) and bucket_mb > 0):
-        raise ValueError(f"bucket_mb must be positive, got {bucket_mb!r}")
-    K = momentum_sync or None
+    if s.grad_dtype not in GRAD_DTYPES:
+        raise ValueError(f"grad_dtype must be one of {', '.join(GRAD_DTYPES)}, got {s.grad_dtype!r}")
+    if not (isinstance(s.bucket_mb, (int, float)) and s.bucket_mb > 0):
+        raise ValueError(f"bucket_mb must be positive, got {s.bucket_mb!r}")
+    K = s.momentum_sync or None
     if K is not None and (isinstance(K, bool) or not isinstance(K, int) or K < 1):
-        raise ValueError(f"momentum_sync must be a positive integer (or None), got {momentum_sync!r}")
-    if not 0 < backward_fraction <= 1:
-        raise ValueError(f"backward_fraction must be in (0, 1], got {backward_fraction!r}")
-    mem_bw = parse_byte_rate(memory_bandwidth)
+        raise ValueError(f"momentum_sync must be a positive integer (or None), got {s.momentum_sync!r}")
+    if not 0 < s.backward_fraction <= 1:
+        raise ValueError(f"backward_fraction must be in (0, 1], got {s.backward_fraction!r}")
+    mem_bw = parse_byte_rate(s.memory_bandwidth)
     if not mem_bw > 0:
-        raise ValueError(f"memory_bandwidth must be positive, got {memory_bandwidth!r}")
-    if compute_seconds is not None:
-        compute = parse_time(compute_seconds)
-    elif flops_per_second is not None and tokens_per_step is not None:
-        flops, tokens = parse_count(flops_per_second), parse_count(tokens_per_step)
+        raise ValueError(f"memory_bandwidth must be positive, got {s.memory_bandwidth!r}")
+    if s.compute_seconds is not None:
+        compute = parse_time(s.compute_seconds)
+    elif s.flops_per_second is not None and s.tokens_per_step is not None:
+        flops, tokens = parse_count(s.flops_per_second), parse_count(s.tokens_per_step)
         if not (flops > 0 and tokens > 0):
             raise ValueError("flops_per_second and tokens_per_step must be positive")
         compute = 6.0 * int(P) * tokens / flops
     else:
         raise ValueError("give compute_seconds, or flops_per_second and tokens_per_step")
     if compute < 0:
-        raise ValueError(f"compute time must be >= 0, got {compute_seconds!r}")
+        raise ValueError(f"compute time must be >= 0, got {s.compute_seconds!r}")
     return int(P), K, compute, mem_bw
 
 
@@ -652,7 +726,7 @@ def _add_momentum_sync(t: dict, ex, buckets, K) -> None:
     t["nic"] += nic / K
 
 
-def _step_spec(algorithm) -> dict:
+def _algorithms_by_op(algorithm) -> dict:
     """A step's `algorithm` argument as {op: algorithm}: 'auto', 'op=alg,...' / a dict, or one name that
     applies to every op it is an algorithm of (auto for the others)."""
     spec = parse_algorithm_spec(algorithm)
@@ -672,4 +746,4 @@ def _step_spec(algorithm) -> dict:
     return {op: spec for op in ops}
 
 
-__all__ = ["StepResult", "simulate_step"]
+__all__ = ["StepResult", "StepSpec", "simulate_step"]

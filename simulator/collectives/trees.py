@@ -1,5 +1,8 @@
-"""Binomial trees by classes of ranks: the same SimPy model, simulated once per class of ranks that behave
-alike instead of once per rank.
+"""Binomial trees rooted at rank 0: reduce, broadcast, and allreduce as reduce + broadcast, pipelined in slices
+when the profile sets slice_bytes; their simulation by classes of ranks, their lower bounds and records.
+
+By classes of ranks: the same SimPy model, simulated once per class of ranks that behave alike instead of once per
+rank.
 
 A binomial tree has no symmetry to exploit (no two subtrees of a rank have the same shape), but it
 decomposes. Rank r's subtree is fixed by its *shape*: the lowest set bit j of r and its size
@@ -9,12 +12,12 @@ leaves), then:
 
 * **reduce** (bottom-up): what a rank sends its parent, and when, depends only on its subtree: its
   children's sends compete on its down links, nothing else does. One sub-simulation per shape runs the
-  rank's real program (`binomial.tree_reduce`) on its real links, with each child replaying the sends its
+  rank's real program (`tree_reduce`) on its real links, with each child replaying the sends its
   own shape's sub-simulation recorded (the child's message overhead and up link simulated here). The
   rank's sends to its parent are recorded, not sent: the parent's sub-simulation sends them.
 * **broadcast** (top-down): what a rank does depends only on its subtree and on when the slices reach
   it from its parent. One sub-simulation per class (shape, arrival times of the slices relative to the
-  first): the rank's real program (`binomial.tree_broadcast`) with its parent's messages delivered at
+  first): the rank's real program (`tree_broadcast`) with its parent's messages delivered at
   those times, its sends to its children on their real links; the arrival times at each child give the
   child's class. Subtrees whose arrivals differ only by a shift in time are one class, shifted.
 
@@ -30,21 +33,68 @@ The number of sub-simulations grows with the depth of the tree (a few per level)
 and each one moves its rank's own slices only. `exact=True` in simulate_collective simulates every
 rank instead; tests check both agree.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .binomial import binomial, tree_broadcast, tree_reduce
-from .cluster import Cluster
+from ..net.cluster import Cluster
+from .algorithm import Algorithm
+from .bounds import Hops
 from .ranks import Rank, Sim, slices
 from .results import CollectiveResult
 from .symmetry import Symmetry, pow2
 
 if TYPE_CHECKING:
-    from .profiles import BackendProfile
+    from ..profiles import BackendProfile
 
+
+# ---- the tree and its two phases, as rank programs ----------------------------------------------------
+def binomial(r: int, p: int) -> tuple[int | None, list[int]]:
+    """Parent and children (smallest subtree first) of rank r in a binomial tree rooted at 0."""
+    children, d = [], 1
+    while d < p:
+        if r & d:
+            return r - d, children
+        if r + d < p:
+            children.append(r + d)
+        d *= 2
+    return None, children
+
+
+def tree_reduce(ctx, n, label):
+    parent, children = binomial(ctx.r, ctx.p)
+    for j, s in enumerate(ctx.slices(n)):
+        for c in children:
+            yield ctx.recv(c, (label, j), s)
+            yield from ctx.reduce(s)
+        if parent is not None:
+            ctx.send(parent, s, (label, j))
+
+
+def tree_broadcast(ctx, n, label):
+    parent, children = binomial(ctx.r, ctx.p)
+    for j, s in enumerate(ctx.slices(n)):
+        if parent is not None:
+            yield ctx.recv(parent, (label, j), s)
+        # largest subtree first, one after the other
+        yield from ctx.send_each([(c, s, (label, j)) for c in reversed(children)])
+
+
+def allreduce_binomial_tree(ctx, n):
+    yield from tree_reduce(ctx, n, "reduce")
+    yield from tree_broadcast(ctx, n, "bcast")
+
+
+def reduce_binomial_tree(ctx, n):
+    yield from tree_reduce(ctx, n, "reduce")
+
+
+def broadcast_binomial_tree(ctx, n):
+    yield from tree_broadcast(ctx, n, "bcast")
+
+
+# ---- by classes of ranks ------------------------------------------------------------------------------
 # Two arrival trains are one class when they agree to this fraction of their span (float round-off in
 # times some seconds from the start, shifted differently, differs in the last digits).
 _SAME = 1e-10
@@ -246,3 +296,60 @@ def run(cluster: Cluster, profile: BackendProfile, op: str, nbytes: float) -> Co
                               * cluster.nic_share)
     res.simulated_ranks = len(per_rank) + (len(t.reduce_memo) if op == "allreduce" else 0)
     return res
+
+
+# ---- lower bounds (bounds.py) ---------------------------------------------------------------------------
+def _reduce_bound(h: Hops, n: float) -> tuple[float, float]:
+    """Reduce to rank 0: its down links carry every child's n bytes, it reduces them one after another,
+    and a slice climbs the tree's deepest path."""
+    c = h.cluster
+    p = c.ranks
+    children = [1 << i for i in range((p - 1).bit_length()) if (1 << i) < p]
+    kinds = [h.kind(0, ch) for ch in children]
+    inter = sum(k != "intra" for k in kinds)
+    intra = len(kinds) - inter
+    t = h.link_time("host", n * len(children))
+    if inter:
+        t = max(t, h.link_time("nic", n * inter))
+    if intra:
+        t = max(t, h.link_time("gpu", n * intra))
+    t = max(t, h.gamma * n * len(children))
+    # the last slice from the deepest leaf on the path 0 <- 2^(k-1) <- 2^(k-1) + 2^(k-2) <- ...
+    s = h.slices(n)[-1]
+    chain, r = 0.0, 0
+    for ch in reversed(children):
+        if r + ch < p:
+            chain += h.hop(h.kind(r, r + ch), s, reduce=True)
+            r += ch
+    return chain, t
+
+
+def _broadcast_time(h: Hops, n: float) -> float:
+    """Rank 0 sends every slice to each child, waiting for each send to leave; the last then arrives."""
+    c = h.cluster
+    p = c.ranks
+    children = [1 << i for i in range((p - 1).bit_length()) if (1 << i) < p]
+    parts = h.slices(n)  # equal slices
+    per_slice = sum(h.o + parts[0] / h.rates[h.kind(0, ch)] for ch in children)
+    return len(parts) * per_slice + h.latencies[h.kind(0, children[0])]
+
+
+def _allreduce_bound(h: Hops, n: float) -> tuple[float, float]:
+    """The root reduces (bounded by its chain or its down links), then broadcasts."""
+    red, bc = _reduce_bound(h, n), _broadcast_time(h, n)
+    return red[0] + bc, red[1] + bc
+
+
+def _broadcast_bound(h: Hops, n: float) -> tuple[float, float]:
+    bc = _broadcast_time(h, n)
+    return bc, bc
+
+
+# ---- the algorithms -------------------------------------------------------------------------------------
+# a root: no symmetry, but classes of ranks that behave alike
+ALLREDUCE_BINOMIAL_TREE = Algorithm("allreduce", "binomial-tree", allreduce_binomial_tree, bound=_allreduce_bound,
+                                    libraries=("nccl",), by_classes=by_classes)
+BROADCAST_BINOMIAL_TREE = Algorithm("broadcast", "binomial-tree", broadcast_binomial_tree, bound=_broadcast_bound,
+                                    libraries=("nccl", "gloo"), by_classes=by_classes)
+REDUCE_BINOMIAL_TREE = Algorithm("reduce", "binomial-tree", reduce_binomial_tree, bound=_reduce_bound,
+                                 libraries=("nccl", "gloo"), by_classes=by_classes)

@@ -9,13 +9,6 @@ SIZE convention (`size_bytes`): the bytes of each rank's whole buffer: the allre
 broadcast / reduce input, the all-gather *output*, the all-to-all *send* buffer. For lioncub's composite
 ops (`vote-1bit`, `l1-pbit`, `momentum-sync`, ...) it is the bytes of the fp32 bucket they synchronize
 (`composite_elements`), and the collectives they issue are those of `lioncub.methods`.
-
-Where things live: the rank API an algorithm is written against (ranks.py); the algorithms, each one record
-(algorithm.py) next to its program, a SimPy process that reads like the protocol, and its lower bound
-(rings.py, doubling.py, trees.py, alltoall.py), and their registry (registry.py); the symmetry that lets
-representative ranks stand for all (symmetry.py); running one primitive and the memo of results
-(runner.py); `auto` (choose.py) and its bounds (bounds.py, hops.py); the network (network.py); the SimPy
-internals it relies on (engine.py).
 """
 
 from __future__ import annotations
@@ -26,17 +19,16 @@ import time
 from lioncub import methods
 from lioncub.comm import wire
 
-from .algorithm import PRIMITIVES
+from ..net.cluster import Cluster
+from ..profiles import PRIMITIVES, BackendProfile, get_profile
+from ..units import parse_size
 from .choose import best_algorithm, choose
-from .cluster import Cluster
 from .groups import Groups
-from .profiles import BackendProfile, get_profile
+from .primitive import Cache, primitive
 from .ranks import Rank, Sim
 from .registry import ALGORITHMS, check_algorithm
 from .results import CollectiveResult
-from .runner import Cache, primitive
 from .symmetry import Symmetry
-from .units import parse_size
 
 MOMENTUM_SYNC = "momentum-sync"
 # lioncub's composite ops: the methods with a codec (a dense method's collectives are primitives on its
@@ -98,37 +90,41 @@ def composite_elements(nbytes: int) -> int:
     return max(1, nbytes // 4)
 
 
-def simulate_collective(
-    cluster: Cluster,
-    op: str,
-    algorithm="auto",
-    size_bytes=None,
-    backend="nccl",
-    timeline: bool = False,
-    *,
-    levels: int | None = None,
-    exact: bool = False,
-    use_symmetry: bool = True,
-    cache: Cache | None = None,
-    hierarchical: bool = False,
-    grad_dtype: str = "float32",
-) -> CollectiveResult:
+def simulate_collective(cluster: Cluster, op: str, algorithm="auto", size_bytes=None, backend="nccl",
+                        timeline: bool = False, *, levels: int | None = None, exact: bool = False,
+                        use_symmetry: bool = True, cache: Cache | None = None, hierarchical: bool = False,
+                        grad_dtype: str = "float32") -> CollectiveResult:
     """Simulate one collective (or a lioncub composite) on `cluster`.
 
-    op: allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a composite: vote-allgather,
-        vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync (lioncub.comm.wire defines what they send).
-    algorithm: an algorithm name (see ALGORITHMS), "auto" (the fastest the backend offers), or for
-        composites "op=alg,op=alg" / a dict naming the algorithm of each collective they issue.
-    size_bytes: the SIZE convention above; a number or a string like "256MiB".
-    backend: "nccl", "gloo", "ideal" or a BackendProfile.
-    timeline: also return every rank's send/recv/reduce intervals.
-    levels: l1-pbit's number of levels (default: lioncub's default for the world size).
-    exact: simulate every rank and every message, and with "auto" every candidate (for checking the fast
-        path: representative ranks where a symmetry allows, classes of ranks that behave alike, and
-        candidates pruned by a lower bound). `use_symmetry=False` is the same as `exact=True`.
-    hierarchical: a composite in LionCub's hierarchical layout, nodes of cluster.gpus_per_node ranks
-        (reduce-scatter of `grad_dtype` gradients inside each node, the method's collectives across
-        nodes, all-gather inside: groups.py). bytes_sent_per_rank is then wire.traffic's.
+    Args:
+        cluster: the ranks and the network between them.
+        op: allreduce, allgather, reducescatter, alltoall, broadcast, reduce, or a composite: vote-allgather,
+            vote-1bit, vote-pbit, avg-pbit, l1-pbit, momentum-sync (lioncub.comm.wire defines what they send).
+        algorithm: an algorithm name (see ALGORITHMS), "auto" (the fastest the backend offers), or for
+            composites "op=alg,op=alg" / a dict naming the algorithm of each collective they issue.
+        size_bytes: the SIZE convention above; a number or a string like "256MiB".
+        backend: "nccl", "gloo", "ideal" or a BackendProfile.
+        timeline: also return every rank's send/recv/reduce intervals.
+        levels: l1-pbit's number of levels (default: lioncub's default for the world size).
+        exact: simulate every rank and every message, and with "auto" every candidate (for checking the fast
+            path: representative ranks where a symmetry allows, classes of ranks that behave alike, and
+            candidates pruned by a lower bound).
+        use_symmetry: False is the same as `exact=True`.
+        cache: a memo of simulated primitives to share between calls; default: a new one.
+        hierarchical: a composite in LionCub's hierarchical layout, nodes of cluster.gpus_per_node ranks
+            (reduce-scatter of `grad_dtype` gradients inside each node, the method's collectives across
+            nodes, all-gather inside: groups.py). bytes_sent_per_rank is then wire.traffic's.
+        grad_dtype: the gradients' dtype of the hierarchical reduce-scatter.
+
+    Returns:
+        A CollectiveResult: `seconds` from the call on every rank until the last is done, the busiest rank's
+        bytes, and with "auto" the candidates simulated and those pruned.
+
+    Example:
+        >>> cluster = Cluster(nodes=4, bandwidth="10Gbit", latency="50us")
+        >>> r = simulate_collective(cluster, "allreduce", "ring", "16MiB", backend="ideal")
+        >>> r.algorithm, r.bytes_sent_per_rank == 2 * 3 / 4 * 16 * 2**20
+        ('ring', True)
     """
     exact = exact or not use_symmetry
     nbytes, profile, spec = _check_inputs(cluster, op, algorithm, size_bytes, backend)

@@ -8,15 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .cluster import Cluster
-    from .hops import Hops
+from ..profiles import LIBRARIES, PRIMITIVES
 
-# the collectives an algorithm can implement (lioncub's composites are made of them: collectives.py)
-PRIMITIVES = ("allreduce", "allgather", "reducescatter", "alltoall", "broadcast", "reduce")
-# the built-in profiles that list the algorithms their library implements ("ideal" and a profile without a
-# list run every registered algorithm)
-LIBRARIES = ("nccl", "gloo")
+if TYPE_CHECKING:
+    from ..net.cluster import Cluster
+    from .bounds import Hops
+
 SYMMETRIES = ("cyclic", "xor")
 
 # (hops, n) -> (seconds of the latency chain, seconds of the bytes over the bottleneck link): bounds.py
@@ -43,7 +40,8 @@ class Algorithm:
         bound, entry_order_matters(p) whether ranks entering one after another can serialize it
         (`rendezvous_stagger` then simulates that case too, and there is no bound).
     by_classes: fn(cluster, profile, op, n) -> CollectiveResult, or None where it does not apply: an exact
-        way to simulate it with fewer processes (tree_classes.py), used unless every rank must be simulated.
+        way to simulate it with fewer processes (trees.py, by classes of ranks),
+        used unless every rank must be simulated.
     redundant_on: fn(cluster) -> whether it is another algorithm on this cluster (auto skips it there).
     """
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 
-from .engine import jump, scheduled
+from ..net.engine import jump, scheduled
 
 _REL = 1e-9  # floats of two signatures agree within this fraction (of the larger) ...
 _ABS = 1e-12  # ... plus this many seconds per second of simulated time (round-off grows with the clock)

@@ -5,7 +5,7 @@ lower bounds and records."""
 from __future__ import annotations
 
 from .algorithm import Algorithm
-from .hops import Hops, rounds
+from .bounds import Hops, rounds
 
 
 def _recursive_doubling(ctx, members, n, label):

@@ -1,17 +1,38 @@
-"""The building blocks of lower bounds (bounds.py): the cheapest a message can be on each kind of hop, the
-time to push bytes through one link, exchange rounds one after another. Each algorithm's bound, in the
-module of its program, is written with them."""
+"""Lower bounds on an algorithm's simulated time, from the simulator's own mechanisms, so that `auto` can
+skip a candidate that provably cannot win.
+
+A bound is the larger of two things no simulation can beat:
+
+* a **chain**: messages that must follow one another (a ring step forwards what the previous step
+  delivered; a tree's root reduces before it broadcasts and sends its slices one after another). Each
+  message on it costs at least the sender's `message_overhead`, its bytes at the fastest rate its path
+  allows (the slowest link of the path at line rate, or at memory speed while a port holds burst credit;
+  the window cap window/RTT), the path's latency, and the reductions the algorithm does before it
+  forwards;
+* the **bytes over a bottleneck link**: what the algorithm must push through one link, at the link's
+  capacity, less the burst credit the link can pass at once.
+
+Both start after `call_overhead`. A bound leaves out every mechanism that can only slow a run down
+(sharing a link with other flows, host_bandwidth, a rendezvous); tests check bound <= simulated time
+for every algorithm on many clusters and profiles. Algorithms in their rendezvous form with staggered
+entry, whose time is counted from the last rank's entry, get no bound (0: always simulated).
+
+Each algorithm's bound is part of its record (algorithm.Algorithm.bound, in the module of its program),
+written with this module's building blocks: the cheapest a message can be on each kind of hop (`Hops`), the time
+to push bytes through one link, exchange rounds one after another (`rounds`). `choose.bound` looks a record's
+bound up and applies it.
+"""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .cluster import Cluster
-from .network import BURST_SPEEDUP, NIC_LINKS, PORTS
+from ..net.cluster import Cluster
+from ..net.network import BURST_SPEEDUP, NIC_LINKS, PORTS
 from .ranks import slices
 
 if TYPE_CHECKING:
-    from .profiles import BackendProfile
+    from ..profiles import BackendProfile
 
 
 class Hops:

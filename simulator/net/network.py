@@ -50,7 +50,7 @@ from .cluster import Cluster
 from .engine import settle, succeed_in
 
 if TYPE_CHECKING:
-    from .profiles import BackendProfile
+    from ..profiles import BackendProfile
 
 NIC_LINKS = ("up", "down", "leaf-up", "leaf-down")
 PORTS = ("up", "down")  # a node's NIC port, each direction: where link_burst acts
