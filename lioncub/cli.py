@@ -15,41 +15,36 @@ import sys
 COMMANDS = {
     "simulate": ("lioncub.simulator.cli", "predict collective and training-step times (no GPU needed)"),
     "autotune": ("lioncub.apps.autotune.cli", "search method, collective, buckets and sync interval for a cluster"),
-    "risk": ("lioncub.apps.autotune.risk_cli", "fit autotune's convergence-risk rule to a map, check it, pre-register"),
+    "advise": ("lioncub.apps.advice", "which method to use, by link speed and compute per step (the simulator's)"),
     "train": ("lioncub.apps.train.cli", "train a built-in model with any method/config"),
-    "corpus": ("lioncub.apps.train.corpus_cli", "build, show or check the python-src training corpus"),
     "lab": ("lioncub.apps.lab.cli", "emulated Ethernet cluster on this machine (network namespaces + tbf)"),
     "calibrate": ("lioncub.apps.calibrate.cli", "fit the simulator's backend profile to measurements"),
     "host": ("lioncub.apps.train.host_cli", "measure this machine's shared cores for the step model (about 40 s)"),
     "bench": ("lioncub.apps.benchmarks.cli", "benchmarks (speed and memory targets)"),
     "demo": ("lioncub.apps.demo", "simulate, autotune and train the default scenario (make demo)"),
 }
-# command -> the (module, function) that add subcommands to it from a package above it: `lab validate` is
-# calibration's, and the lab never imports calibration
-EXTENSIONS = {"lab": [("lioncub.apps.calibrate.cli", "register_lab_validate")]}
+DESCRIPTION = "Communication-efficient distributed Lion: simulate, autotune, train."
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, commands: dict = COMMANDS, prog: str = "lioncub",
+                 description: str = DESCRIPTION) -> argparse.ArgumentParser:
     """The parser with every command listed and only `command`'s module imported to register its options."""
-    parser = argparse.ArgumentParser(
-        prog="lioncub",
-        description="Communication-efficient distributed Lion: simulate, autotune, train.",
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_) in COMMANDS.items():
+    for name, (module, help_) in commands.items():
         if name == command:
-            subcommands = importlib.import_module(module).register(sub)
-            for ext_module, fn in EXTENSIONS.get(name, ()):
-                getattr(importlib.import_module(ext_module), fn)(subcommands)
+            importlib.import_module(module).register(sub)
         else:
             sub.add_parser(name, help=help_, add_help=False)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, commands: dict = COMMANDS, prog: str = "lioncub",
+         description: str = DESCRIPTION) -> int:
+    """Run one command of `commands` (the research tools' CLI, outside the package, runs its own through here)."""
     argv = sys.argv[1:] if argv is None else argv
     command = next((a for a in argv if not a.startswith("-")), None)
-    parser = build_parser(command if command in COMMANDS else None)
+    parser = build_parser(command if command in commands else None, commands, prog, description)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         (parser.parse_args([args.command, "--help"]) if args.command else parser.print_help())
@@ -57,12 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = args.func(args)
     except KeyboardInterrupt:
-        print("lioncub: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
     except ValueError as exc:  # bad input: a clear message, not a traceback
         if os.environ.get("LIONCUB_DEBUG"):
             raise
-        print(f"lioncub: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return int(rc or 0)
 

@@ -88,7 +88,7 @@ def run(args) -> int:
 def _measure(cfg, ranks: int):
     """Step 1: the host calibration (lioncub.apps.train.hostcal) over the bundled network calibration."""
     from lioncub.apps.train.hostcal import calibrate_host
-    from lioncub.simulator.hosts import gloo_messages
+    from lioncub.simulator.step.hosts import gloo_messages
 
     profile, rep = calibrate_host(cfg, ranks)
     h, lo_hi = rep["host"], rep["forecast_error"]
@@ -116,7 +116,7 @@ def _simulate(cluster, profile, params: int, compute: float, tensors: list[int])
     from lioncub.apps.train.predict import DDP_BUCKET_MB
     from lioncub.comm.wire import auto_bucket_mb
     from lioncub.simulator import simulate_step
-    from lioncub.simulator.step import ratio_interval
+    from lioncub.simulator.step.model import ratio_interval
     from lioncub.simulator.units import format_ms, format_speedup, format_time
 
     say("\n2. simulate (bundled lab calibration: Gloo over the lab's shaped TCP links; the ranks share this machine's "
@@ -151,7 +151,7 @@ def _autotune(cluster, profile, params: int, compute: float, steps: int):
     best, verdict = recommend(result)
     say(f"   {verdict}")
     if best is not None and profile.forecast_error:
-        from lioncub.simulator.step import ratio_interval
+        from lioncub.simulator.step.model import ratio_interval
         from lioncub.simulator.units import format_speedup
 
         band = ratio_interval(best.speedup, profile.forecast_error)
@@ -201,7 +201,7 @@ def _row(cfg, s) -> dict:
 
 def table(runs: list[dict], on_lab: bool) -> str:
     """Measured against predicted, each prediction with its interval; the speedups against the first row."""
-    from lioncub.simulator.step import interval, ratio_interval
+    from lioncub.simulator.step.model import interval, ratio_interval
     from lioncub.simulator.units import format_speedup
 
     base = runs[0]

@@ -18,7 +18,7 @@ from lioncub.apps.autotune.models import model_spec
 from lioncub.apps.autotune.space import recommend, search
 from lioncub.comm import wire
 
-RESULTS = REPO / "docs" / "results" / "local-steps"
+RESULTS = REPO / "research" / "notebook" / "results" / "local-steps"
 CLUSTER = Cluster(nodes=2, gpus_per_node=2, bandwidth="10Mbit")
 P, COMPUTE = 3_220_480, 0.12
 

@@ -2,9 +2,9 @@
 
 This checks that calibration works end to end and that its model is structurally right; it does not
 check how accurate it is. Accuracy is a timing figure, and a busy machine (other processes on the few
-cores the lab's ranks share) legitimately moves it: it is measured by `make validation` (`lioncub lab
-validate`, docs/VALIDATION.md: median and worst error over many held-out settings, against a stated
-target). Here: a quick calibration (4 ranks at 1 Gbit/s, one round), three held-out probes at 3 ranks
+cores the lab's ranks share) legitimately moves it: it is measured by `make validation` (`python -m research
+lab validate`, research/notebook/VALIDATION.md: median and worst error over many held-out settings, against a
+stated target). Here: a quick calibration (4 ranks at 1 Gbit/s, one round), three held-out probes at 3 ranks
 and 500 Mbit/s, and bounds that hold on a loaded machine yet fail for a wrong model: each held-out probe's
 fastest repeat within 3x of its prediction (a lost rate conversion is 8x), and the all-reduce's and the
 all-to-all's measured/predicted within 0.75-1.33 of each other (a missed bus factor is 2x).
@@ -43,7 +43,7 @@ def test_quick_lab_calibration_predicts_a_held_out_setting(tmp_path):
     assert all(0 < m["min"] <= m["seconds"] and len(m["times"]) == m["repeat"] for m in ms)
     profile, rep = fit(ms, raw["host_kernels"], name="gloo-ci")
     # physical values: payload is a fraction of the line rate (about 1448/1514 through tc on a quiet machine,
-    # which docs/VALIDATION.md reports; CPUs busy with other work make the link look slower, never faster);
+    # which research/notebook/VALIDATION.md reports; CPUs busy with other work make the link look slower, never faster);
     # fixed costs between microseconds and tens of milliseconds
     assert 0.3 < profile.wire_efficiency <= 1.0
     assert profile.call_overhead >= 0 and profile.message_overhead >= 0

@@ -17,9 +17,9 @@ from lioncub.simulator import (
     simulate_step,
     simulate_transfers,
 )
-from lioncub.simulator.groups import Groups, cross_cluster
-from lioncub.simulator.network import BURST_SPEEDUP
-from lioncub.simulator.runner import primitive
+from lioncub.simulator.collectives.groups import Groups, cross_cluster
+from lioncub.simulator.collectives.primitive import primitive
+from lioncub.simulator.net.network import BURST_SPEEDUP
 
 MiB = 2**20
 

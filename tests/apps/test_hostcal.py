@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 from lioncub.simulator import get_profile
-from lioncub.simulator.contention import loaded_collective
-from lioncub.simulator.hosts import HostModel
+from lioncub.simulator.step.contention import loaded_collective
+from lioncub.simulator.step.hosts import HostModel
 
 from lioncub import methods
 from lioncub.apps.train.forecast import compare, compare_components, forecast_of, format_comparison, so_far
@@ -288,8 +288,8 @@ def test_codec_speeds_put_the_apply_as_step_runs_it_and_give_its_share():
 def test_a_fit_whose_full_call_measured_no_dearer_prices_every_message_alike():
     # among 2 ranks the control message (6 messages) and the full call (8) differ by 2 messages: noise can make the
     # full one measure cheaper, and the split would call messages free; one cost per message of both instead
-    from lioncub.simulator.contention import moved
-    from lioncub.simulator.hosts import gloo_messages
+    from lioncub.simulator.step.contention import moved
+    from lioncub.simulator.step.hosts import gloo_messages
 
     from lioncub.apps.train.hostcal import call_costs
 

@@ -337,7 +337,7 @@ def _section(nb, heading: str) -> list:
 
 # Issue 29's regime and targets, written out here: char-tiny (its runs' "params"), 4 ranks, batch 16 x 64 per rank
 TINY_PARAMS, TINY_TOKENS, TINY_LR = 431_360, 16 * 64, 5e-4
-CLOSER = REPO / "docs" / "results" / "local-steps" / "closer"
+CLOSER = REPO / "research" / "notebook" / "results" / "local-steps" / "closer"
 
 
 def _tiny_bytes_per_token(method: str, hierarchical: bool = False, **kw) -> float:
@@ -384,7 +384,7 @@ def test_bandwidth_notebook_draws_bytes_per_token_against_loss(kernel_env):
                                                                        if F else "")
         x = _tiny_bytes_per_token(method, hier, local_steps=H, fragments=F, outer_delay=D)
         expected[name] = (x, 100 * excess, 100 * se if se is not None and seeds > 1 else None, seeds)
-    cmap = json.loads((REPO / "docs" / "results" / "convergence-map.json").read_text())
+    cmap = json.loads((REPO / "research" / "notebook" / "results" / "convergence-map.json").read_text())
     here = [c for c in cmap["cells"] if (c["ranks"], c["batch_size"]) == (4, 16) and math.isclose(c["lr"], TINY_LR)]
     assert {c["config"] for c in here} >= {"allreduce", "vote-1bit"}
     for c in here:

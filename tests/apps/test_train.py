@@ -5,7 +5,6 @@ import json
 import os
 
 import pytest
-from repo import REPO
 
 from lioncub.apps.train.loop import TrainConfig, summarize, train_local
 from lioncub.apps.train.predict import momentum_interval, predict_step
@@ -66,7 +65,7 @@ def test_momentum_interval_and_prediction():
     cfg = TrainConfig(model="char-small", method="vote-1bit", steps=100)
     r = predict_step(cfg, 3_220_480, 0.1, ranks=4, bandwidth="100Mbit")
     assert r.baseline_step_seconds > 4 * r.step_seconds  # the scenario the demo relies on is comm-bound
-    # without overlap LionCub exchanges runs of its automatic buckets (lioncub.optim.runs): one of 64 MiB here
+    # without overlap LionCub exchanges runs of its automatic buckets (lioncub.optim.buckets.Run): one of 64 MiB here
     from lioncub.simulator import Cluster, simulate_step
 
     from lioncub.apps.calibrate import default_lab_profile
@@ -98,9 +97,12 @@ def test_convergence_bench_checks_its_plot_path_first(capsys):
     assert err == "lioncub: error: --plot /nonexistent/dir/c.png: no such directory /nonexistent/dir\n"
 
 
-def test_convergence_bench_refuses_grid_options_without_grid(capsys):
-    assert main(["bench", "convergence", "--model", "mlp", "--lr", "1e-3", "--seeds", "0,1"]) == 2
-    assert capsys.readouterr().err == "lioncub: error: --lr, --seeds: only with --grid (the convergence map)\n"
+def test_convergence_bench_refuses_the_maps_grid_options(capsys):
+    """The curves take no grid options: the convergence map is the research tools' (research/convergence_map.py)."""
+    with pytest.raises(SystemExit) as exc:
+        main(["bench", "convergence", "--model", "mlp", "--lr", "1e-3", "--seeds", "0,1"])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.endswith("error: unrecognized arguments: --lr 1e-3 --seeds 0,1\n")
 
 
 def test_convergence_bench_writes_a_plot(tmp_path, capsys):
@@ -119,7 +121,7 @@ def test_short_lab_train_bench_predicts_its_step_time(capsys):
     assert rows["vote-1bit"]["bytes_vs_fp32"] < 0.05
     for r in rows.values():
         # a 4-step toy run: a busy machine only slows the measurement down, so only this side is checked
-        # here; the prediction's accuracy is a benchmark figure (docs/BENCHMARKS.md)
+        # here; the prediction's accuracy is a benchmark figure (research/notebook/BENCHMARKS.md)
         assert 0 < r["predicted_step_seconds"] < 2.0 * r["step_seconds"], r
         assert 0 < r["of_limit"] <= 1.05
 
@@ -146,24 +148,6 @@ def test_summary_counts_every_steps_bytes_for_the_budget():
     assert s["bytes_per_step"] == pytest.approx((1000 + 7 * 10) / 8)
 
 
-def test_each_models_default_lr_is_the_best_of_its_committed_sweep():
-    """The default lr of each transformer is the lowest mean final loss of the allreduce runs in its recorded
-    sweep: char-tiny's on this machine (lr-sweep.json), char-small's and char-medium's on an H100."""
-    import glob
-    import statistics
-
-    from lioncub.apps.benchmarks import convergence_map as cm
-
-    results = REPO / "docs" / "results"
-    tiny = json.loads((results / "lr-sweep.json").read_text())
-    best = min(tiny["table"], key=lambda row: row["mean"])
-    assert best["lr"] == tiny["chosen_default"] == TrainConfig(model="char-tiny").lr == TrainConfig().lr
-    for model in ("char-small", "char-medium"):
-        res = cm.merge(sorted(glob.glob(str(results / "models-h100" / "*" / f"{model}-s*.json"))))
-        base = {c["lr"]: c for c in res["cells"] if c["config"] == "allreduce"}
-        assert len(base) >= 3 and all(len(c["seeds"]) == 4 for c in base.values())
-        assert min(base, key=lambda lr: statistics.fmean([r["final_loss"] for r in res["runs"]
-                                                          if r["config"] == "allreduce" and r["lr"] == lr])) == \
-            TrainConfig(model=model).lr
+def test_a_learning_rate_not_above_zero_is_refused():
     with pytest.raises(ValueError, match="lr must be > 0"):
         TrainConfig(lr=0.0)

@@ -374,7 +374,7 @@ def _pilot(say, args, st: _Setup, result: SearchResult) -> dict:
 def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None, error=None) -> None:
     """The verdict and the recommended configuration; with a calibration's `error` band (the profile's
     forecast_error) its step and speedup carry their intervals."""
-    from lioncub.simulator.step import interval, ratio_interval
+    from lioncub.simulator.step.model import interval, ratio_interval
     from lioncub.simulator.units import format_speedup
 
     say(f"verdict: {verdict}")

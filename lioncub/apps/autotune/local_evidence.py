@@ -1,11 +1,11 @@
 """What local steps cost in loss, as measured: the risk autotune gives a configuration with local steps.
 
 The risk rule (risk_rule.py) is fitted on every-step methods; local steps change the algorithm (H inner steps on a
-rank's own batch, then an outer step), so their risk is read from their own measurements instead: eval loss
-against the allreduce baseline of the same seed, at equal tokens (docs/BENCHMARKS.md, "Local steps"; raw JSON in
-docs/results/local-steps/, which tests/apps/test_autotune_local.py re-derives this table from). Each row is one
-configuration with LionCub's default outer optimizer (`avg`): method, layout ("flat", or "hierarchical": the node
-layout, nodes of 2 here), H, fragments and outer_delay (both None: not streamed).
+rank's own batch, then an outer step), so their risk is read from their own measurements instead: eval loss against
+the allreduce baseline of the same seed, at equal tokens (research/notebook/BENCHMARKS.md, "Local steps"; raw JSON
+in research/notebook/results/local-steps/, which tests/apps/test_autotune_local.py re-derives this table from). Each
+row is one configuration with LionCub's default outer optimizer (`avg`): method, layout ("flat", or "hierarchical":
+the node layout, nodes of 2 here), H, fragments and outer_delay (both None: not streamed).
 """
 
 from __future__ import annotations

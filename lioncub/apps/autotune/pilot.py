@@ -55,7 +55,7 @@ def pilot_candidates(ranked: list[Candidate], top: int, steps: int) -> list[Cand
 
 def _arithmetic(layout: str) -> str:
     """The layout a pilot trains a candidate in: the sharded layout's arithmetic is the hierarchical one's (bit for
-    bit, docs/BENCHMARKS.md), without FSDP, which a pilot does not need."""
+    bit, research/notebook/BENCHMARKS.md), without FSDP, which a pilot does not need."""
     return "hierarchical" if layout == "sharded" else layout
 
 

@@ -1,4 +1,4 @@
-"""The convergence map fitted for the risk rule (written by `lioncub risk fit`; do not edit)."""
+"""The convergence map fitted for the risk rule (written by `python -m research risk fit`; do not edit)."""
 
 FIT = {'batch0': 16,
  'check': '21 of 21 low-risk cells within 2% of the baseline (100%); 21 of the 21 held-out cells were within 2%, '

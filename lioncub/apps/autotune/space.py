@@ -13,7 +13,7 @@ from lioncub.comm import wire
 from lioncub.optim import schedules
 from lioncub.simulator import Cache, Cluster, get_profile, simulate_step
 from lioncub.simulator.profiles import ALL_ALGORITHMS, BackendProfile
-from lioncub.simulator.step import DDP_BUCKET_MB
+from lioncub.simulator.step.model import DDP_BUCKET_MB
 from lioncub.simulator.units import format_size, format_time, parse_byte_rate, parse_size
 
 from . import local_evidence
@@ -210,28 +210,55 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
            outer_delays=()) -> SearchResult:
     """Simulate every configuration of the search space and rank those within `max_risk` by step time.
 
-    backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
-    steps: the planned run length (sync rates of first/geometric schedules, and the risk's u).
-    batch_size, lr: the per-rank batch and learning rate the risk rule reads (None: the tuned defaults); tuned_lr:
-        the lr the model's allreduce baseline trains best at, which the rule reads lr against (None: the map's).
-    overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
-        `LionCub(method="allreduce")` does (False).
-    momentum_syncs: schedule strings (default: `default_schedules(steps)`).
-    levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
-    algorithms: which collective algorithms `auto` chooses from, and the layouts: "backend" (the backend's
-        algorithms; with several GPUs per node on several nodes each compressed method also in LionCub's
-        hierarchical layout, and every method on a model sharded inside the node), "flat" (the flat layout
-        only), "all" (every algorithm the simulator models, every layout).
-    memory_per_rank: bytes (or '40GiB') each rank has for the fp32 parameters, gradients and momenta; a
-        configuration that needs more is never ranked (None: no bound).
-    local_steps: also search LionCub(local_steps=H): "measured" (the configurations whose loss was measured,
-        local_evidence.py), a list of H (each method, each layout, not streamed and streamed in each of
-        `fragments`), or None. Their risk is the measured loss excess (the worst measured one where none was).
-    outer_delays: with a list of H, each streamed configuration also with each of these outer_delay D (default:
-        LionCub's own, 1); a D that F and H do not allow (D F >= H) is skipped.
+    What `lioncub autotune` runs. Every configuration is costed by `lioncub.simulator.simulate_step` on
+    `cluster`, with one `Cache` for the whole search (each distinct collective is simulated once). Phases:
+    1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline step; 3. each
+    configuration's step, with each schedule's syncs; 4. rank within the risk bound.
 
-    Phases: 1. the space (methods x levels x buckets x layouts, and the sync schedules); 2. the baseline
-    step; 3. each configuration's step, with each schedule's syncs; 4. rank within the risk bound.
+    Args:
+        cluster: the `lioncub.simulator.Cluster`.
+        params: the model's parameter count.
+        compute_seconds: forward + backward time per step.
+        backend: "nccl", "gloo", "ideal" or a BackendProfile (e.g. loaded from a calibration file).
+        steps: the planned run length (sync rates of first/geometric schedules, dense warm-up, the risk's u).
+        methods: the method names to search (default: every registered method).
+        bucket_mbs: the bucket sizes in MiB to search.
+        momentum_syncs: schedule strings (default: `default_schedules(steps)`).
+        levels: fix l1-pbit's levels (default: search `l1_levels_candidates`).
+        algorithms: which collective algorithms `auto` chooses from, and the layouts: "backend" (the backend's
+            algorithms; with several GPUs per node on several nodes each compressed method also in LionCub's
+            node layout, and every method on a model sharded inside the node), "flat" (the flat layout only),
+            "all" (every algorithm the simulator models, every layout).
+        max_risk: the convergence-risk bound (`parse_max_risk("medium")`; infinity: no bound).
+        memory_bandwidth: device memory bandwidth for the kernels' times (bytes/s or '2TB/s').
+        beta2: Lion's beta2, which the risk rule reads.
+        overlap: allreduce overlaps backward as DDP does (True), or runs after backward as
+            `LionCub(method="allreduce")` does (False).
+        cache: a simulator `Cache` to share with other searches.
+        progress: show a progress bar.
+        batch_size: the per-rank batch the risk rule reads (None: the tuned default).
+        lr: the learning rate the risk rule reads (None: the tuned default).
+        tuned_lr: the lr the model's allreduce baseline trains best at, which the rule reads lr against (None: the
+            map's).
+        memory_per_rank: bytes (or '40GiB') each rank has for the fp32 parameters, gradients and momenta; a
+            configuration that needs more is never ranked (None: no bound).
+        local_steps: also search local steps: "measured" (the configurations whose loss was measured,
+            local_evidence.py), a list of H (each method, each layout, not streamed and streamed in each of
+            `fragments`), or None. Their risk is the measured loss excess (the worst measured one where none was).
+        fragments: with a list of H, each also streamed in each of these fragment counts F.
+        outer_delays: with a list of H, each streamed configuration also with each of these outer_delay D (default:
+            LionCub's own, 1); a D that F and H do not allow (D F >= H) is skipped.
+
+    Returns:
+        A `SearchResult`: every candidate, those within the bound fastest first (`ranked`), the baseline step;
+        `recommend(result)` picks from it.
+
+    Example:
+        The fastest configuration within the default risk bound:
+
+            cluster = Cluster.for_ranks(16, bandwidth="10Gbit", latency="50us")
+            result = search(cluster, 124_000_000, 0.3, max_risk=parse_max_risk("medium"))
+            best, verdict = recommend(result)
     """
     t0 = time.perf_counter()
     space = _space(cluster, params, steps, methods, bucket_mbs, momentum_syncs, levels, algorithms)
@@ -475,9 +502,17 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
 # recommendation
 # ---------------------------------------------------------------------------------------------------------
 def recommend(result: SearchResult, min_speedup: float = 1.10) -> tuple[Candidate | None, str]:
-    """(the configuration to run, a verdict in words). The fastest configuration (either layout) within
-    the risk bound, unless it is a compressed method that beats the best allreduce configuration by less
-    than `min_speedup`: then compression does not pay and the baseline is recommended."""
+    """The configuration to run, from a search: the fastest within the risk bound, unless compression does not pay.
+
+    Args:
+        result: what `search` returned.
+        min_speedup: a compressed configuration that beats the best allreduce configuration by less than this
+            is not recommended: the baseline is.
+
+    Returns:
+        `(candidate, verdict)`: the `Candidate` to run (None when nothing is within the bound or fits the
+        memory) and a verdict in words.
+    """
     if not result.ranked:
         if not any(c.fits for c in result.candidates):
             return None, ("no configuration fits --memory-per-rank: the least memory is "

@@ -1,5 +1,6 @@
 """Benchmarks: `lioncub bench {step,kernels,simulator,train,convergence}` (speed and accuracy targets live
-here, not in timed tests).
+here, not in timed tests). The convergence map and pooled runs are the research tools'
+(`python -m research bench`, outside the package).
 
 * step.py       the optimizer step per method on local Gloo ranks, beside a plain local Lion step
 * kernels.py    the codec kernels' throughput against the device's copy bandwidth

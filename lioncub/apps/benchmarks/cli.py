@@ -95,41 +95,14 @@ def _train_arguments(p) -> None:
 
 def _convergence_arguments(p) -> None:
     p.add_argument("--ranks", type=at_least(1), default=4)
-    p.add_argument("--steps", type=at_least(1), help="default 300 (--grid: 200)")
-    p.add_argument("--model", help="default char-small (--grid: char-tiny)")
+    p.add_argument("--steps", type=at_least(1), default=300)
+    p.add_argument("--model", default="char-small")
     p.add_argument("--configs", help="comma-separated method[@sync][+warmup:K] (K dense steps first)"
                                      "[+local:H[:outer][+stream:F[:D]]] (H local steps, streamed in F fragments)")
     p.add_argument("--local-steps", dest="local_steps", type=int,
                    help="run every LionCub configuration with H local steps (or give one its own: method+local:H)")
     p.add_argument("--outer", help="the outer optimizer with --local-steps (avg[:LR[:MU]], nesterov, sign)")
-    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves (--merge: the heat map) here")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--grid", action="store_true",
-                   help="the convergence map: regimes (ranks x per-rank batch x lr) x seeds x configurations")
-    p.add_argument("--part", metavar="I/N", help="--grid: run the I-th of N contiguous slices of the runs")
-    p.add_argument("--output", metavar="JSON", help="--grid: write (and resume) the runs here; --merge: the map")
-    p.add_argument("--merge", nargs="+", metavar="JSON", help="join part files into the map (table, --plot)")
-    p.add_argument("--worlds", help="--grid: world sizes (default 2,4)")
-    p.add_argument("--batches", help="--grid: per-rank batches (default 8,16)")
-    p.add_argument("--lr", type=positive, help="--grid: the lr the factors multiply (default: the model's default lr)")
-    p.add_argument("--lr-factors", dest="lr_factors", help="--grid: lrs as multiples of --lr (default 1,2)")
-    p.add_argument("--seeds", help="--grid: seeds (default 0,1)")
-    p.add_argument("--device", help="--grid: cpu (default), cuda, ...: where every rank trains (ranks share it)")
-    p.add_argument("--data", choices=("pydoc-topics", "python-src"), help="--grid: the text (default: the model's)")
-    p.add_argument("--block-size", dest="block_size", type=at_least(2),
-                   help="--grid: default the model's (64, byte-*: 256)")
-    p.add_argument("--amp", choices=("none", "bf16"), help="--grid: bf16 autocast for the forward pass")
-    p.add_argument("--eval-batches", dest="eval_batches", type=at_least(1),
-                   help="--grid: validation batches (default 8)")
-    p.add_argument("--deadline", type=float, metavar="EPOCH",
-                   help="--grid: start no run predicted (from a finished run of its kind) to end after this time")
-
-
-def _pool_arguments(p) -> None:
-    p.add_argument("files", nargs="+", metavar="RUN.json", help="`lioncub bench train --json` outputs")
-    p.add_argument("--model", help="only this model's rows")
-    p.add_argument("--plot", metavar="PNG", help="write each configuration's speedup against compute per step here")
-    p.add_argument("--configs", help="--plot: only these methods (comma-separated, e.g. vote-1bit,l1-pbit)")
+    p.add_argument("--plot", default=None, metavar="PNG", help="write the loss curves here")
     p.add_argument("--json", action="store_true")
 
 
@@ -140,10 +113,8 @@ BENCHES = {
     "simulator": (_simulator_arguments, "simulator", "run", "simulator wall time on large collectives and steps"),
     "train": (_train_arguments, "train", "run_train",
               "every method on the lab: speedup, loss, bytes, predicted vs measured (root)"),
-    "convergence": (_convergence_arguments, "convergence_map", "run_convergence",
+    "convergence": (_convergence_arguments, "train", "run_convergence",
                     "every method's loss curve against the baseline on local ranks (PNG + table)"),
-    "pool": (_pool_arguments, "pooled", "run",
-             "several `bench train` runs pooled: each row's median and range, with the compute per step"),
 }
 
 

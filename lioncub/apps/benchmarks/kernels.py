@@ -182,7 +182,7 @@ def bucket_ops(ops, n: int, dtype, device, N: int):
          lambda: ops.unpack_apply(l1, p, b.fields, lr=1e-4, wd=0.1, world_size=N, levels=s, layout=lay)),
     ]
 
-    def step_1bit_checked():  # the pre-pass is the finite check, which backward took (lioncub.optim.finite)
+    def step_1bit_checked():  # the pre-pass is the finite check, which backward took (lioncub.optim.backward)
         ops.quantize_pack(signs, g, m, b.onebit, **hp)
         vote()
         ops.unpack_apply(signs, p, code, lr=1e-4, wd=0.1, world_size=N)
@@ -420,7 +420,7 @@ def format_report(res: dict) -> str:
         lines.append(f"{'':>5s}  {'x plain Lion':30s} {1:8.2f} {s['vote-1bit_ms'] / s['lion_ms']:10.2f} "
                      f"{_ms(checked and checked / s['lion_ms'], 2):>10s} {s['l1-pbit_ms'] / s['lion_ms']:9.2f} "
                      f"{_ms(l1_checked and l1_checked / s['lion_ms'], 2):>10s}")
-    lines += ["", "(checked): the step when backward took the pre-pass (lioncub.optim.finite): vote-1bit's finite "
+    lines += ["", "(checked): the step when backward took the pre-pass (lioncub.optim.backward): vote-1bit's finite "
                   "check, l1-pbit's check and L1 scales; quantize, vote, apply"]
     for name in ("vote-1bit", "l1-pbit"):
         over = [s for s in res["steps"] if s.get(f"{name}-overlapped_ms")]

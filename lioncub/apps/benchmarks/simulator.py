@@ -21,9 +21,7 @@ import sys
 import tempfile
 import time
 
-from lioncub.simulator.cluster import Cluster
-from lioncub.simulator.collectives import simulate_collective
-from lioncub.simulator.step import simulate_step
+from lioncub.simulator import Cluster, simulate_collective, simulate_step
 from lioncub.simulator.units import format_size, format_time
 
 TARGET_SECONDS = 10.0

@@ -107,7 +107,7 @@ def _rank_main(rank, world_size, shapes, methods, steps, rounds, public, backwar
 def _single_process(shapes, steps):
     """World size 1: LionCub vs lion-pytorch's Lion, same parameters after the same steps, step() timed alone.
     The gradients come through autograd (torch.autograd.backward on the parameters), as in training, so LionCub
-    takes its non-finite check during backward (lioncub.optim.finite)."""
+    takes its non-finite check during backward (lioncub.optim.backward)."""
     from lioncub import LionCub
 
     try:

@@ -16,9 +16,9 @@ From Python:
     profile, report = fit(raw["measurements"], raw["host_kernels"])
     default_lab_profile()   # the bundled calibration of the lab's Gloo (lioncub/apps/calibrate/data/gloo-lab.json)
 
-`lioncub lab validate` (validate.py) calibrates from one lab setting and tabulates predicted against
-measured times in settings the fit did not see (docs/VALIDATION.md). The commands' argument handling and
-output are in cli.py (`lab validate` is registered by the lab's CLI and runs `cli.validate`).
+The research tools' `python -m research lab validate` (research/calibration_validation.py, outside the package)
+calibrates from one lab setting and tabulates predicted against measured times in settings the fit did not see
+(research/notebook/VALIDATION.md). The command's argument handling and output are in cli.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`lioncub calibrate`, and `lioncub lab validate` (which `lioncub.cli` adds to the lab's subcommands)."""
+"""`lioncub calibrate`."""
 
 from __future__ import annotations
 
@@ -138,39 +138,3 @@ def _print_summary(s: dict) -> None:
     for r in s["residuals"]:
         print(f"    {r['op']:<15} {format_size(r['size']):>10}  measured {format_time(r['measured']):>9} "
               f"({r['statistic']})  predicted {format_time(r['predicted']):>9}  {100 * r['rel_error']:+6.1f}%")
-
-
-# ---- `lioncub lab validate` ---------------------------------------------------------------------------
-def register_lab_validate(lsub) -> None:
-    """`lioncub lab validate`, among the lab's subcommands `lsub`."""
-    from lioncub.apps.lab.cli import guard
-
-    parser = lsub.add_parser(
-        "validate",
-        help="calibrate from one lab setting and check predictions in held-out settings (docs/VALIDATION.md)",
-        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
-        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
-        "from the calibration, and write the table of predicted against measured with the median and "
-        "worst error. Needs root; about 8 minutes (--quick: about 3).",
-    )
-    parser.add_argument("--output", default="docs/VALIDATION.md", help="markdown file to write")
-    parser.add_argument("--json", default=None, metavar="FILE",
-                          help="also write every measurement and prediction")
-    parser.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
-    parser.add_argument("--save-profile", default=None, metavar="FILE",
-                          help="also write the calibrated profile (and FILE.meta.json, its provenance); "
-                          "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=guard(validate))
-
-
-def validate(args) -> int:
-    from .validate import run, summary_line
-
-    for flag, path in (("--output", args.output), ("--json", args.json), ("--save-profile", args.save_profile)):
-        if path:
-            check_writable(path, flag)
-    res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
-              save_profile=args.save_profile)
-    print(summary_line(res, args.output))
-    return 0

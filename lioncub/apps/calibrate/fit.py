@@ -38,8 +38,8 @@ import statistics
 
 from lioncub import methods
 from lioncub.simulator import BackendProfile, Cluster, get_profile, simulate_collective, simulate_transfers
-from lioncub.simulator.collectives import COMPOSITES, composite_elements
-from lioncub.simulator.step import UPDATE_BYTES_PER_PARAM
+from lioncub.simulator.collectives.simulate import COMPOSITES, composite_elements
+from lioncub.simulator.step.model import UPDATE_BYTES_PER_PARAM
 
 MiB = 2**20
 TINY = 16 * 1024  # probes at or below this size fit the overheads

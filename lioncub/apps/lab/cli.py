@@ -1,6 +1,7 @@
-"""`lioncub lab {up,down,list,clean,bench,run,validate}`. Imports stay light: torch loads only in the ranks.
+"""`lioncub lab {up,down,list,clean,bench,run}`. Imports stay light: torch loads only in the ranks.
 
-`lab validate` belongs to lioncub.apps.calibrate, which uses the lab: the `lioncub` command adds it here.
+The calibrated simulator's validation on the lab (`python -m research lab validate`) lives with the research
+tools and uses `guard` from here.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ NO_NETEM = (
 )
 
 
-def register(sub):
-    """Register `lioncub lab`; returns its subcommands, which `lioncub.cli` extends with `lab validate`."""
+def register(sub) -> None:
+    """Register `lioncub lab`."""
     p = sub.add_parser(
         "lab",
         help="emulated Ethernet cluster on this machine (network namespaces + tbf)",
@@ -24,11 +25,10 @@ def register(sub):
         "to a switch namespace, shaped with tc tbf in both directions; real torch.distributed ranks "
         "run over Gloo/TCP through it. " + NO_NETEM,
     )
-    lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run,validate}")
+    lsub = p.add_subparsers(dest="lab_command", metavar="{up,down,list,clean,bench,run}")
     for add in (_add_up, _add_down, _add_list, _add_clean, _add_bench, _add_run):
         add(lsub)
     p.set_defaults(func=lambda args: p.print_help() or 2)
-    return lsub
 
 
 def _add_up(lsub) -> None:

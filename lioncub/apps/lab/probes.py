@@ -1,5 +1,5 @@
-"""Probes: real collectives timed in the lab (`lioncub lab bench`, and the held-out settings of `lioncub
-lab validate`).
+"""Probes: real collectives timed in the lab (`lioncub lab bench`, and the held-out settings of the research
+tools' `python -m research lab validate`).
 
 SIZE means what it means in `lioncub simulate collective`: the bytes of each rank's whole buffer
 (all-reduce input, all-gather output, all-to-all send buffer, reduce-scatter input). For the lioncub
@@ -29,7 +29,7 @@ import sys
 import time
 
 from lioncub.comm.wire import DTYPE_BYTES
-from lioncub.simulator.collectives import COMPOSITES, composite_elements
+from lioncub.simulator.collectives.simulate import COMPOSITES, composite_elements
 from lioncub.simulator.units import format_rate, parse_rate, parse_size
 
 from .lab import Lab, ranks_per_host_for

@@ -16,7 +16,7 @@ DATA_CHOICES = ("pydoc-topics", "python-src")  # lioncub.apps.train.data.TEXT_DA
 def register(sub) -> None:
     p = sub.add_parser("train", help="train a built-in model with any method/config",
                        description="Train a transformer on Python's own docs (char-*: pydoc-topics, characters) or "
-                                   "sources (byte-*: python-src, bytes; built offline, `lioncub corpus`), or an MLP. "
+                                   "sources (byte-*: python-src, bytes; built offline on first use), or an MLP. "
                                    "Under torchrun each process is a rank; otherwise --ranks N spawns N local "
                                    "Gloo ranks; --lab runs them on the emulated Ethernet lab.")
     p.add_argument("--config", help="JSON config (from `lioncub autotune --output`); flags override it")

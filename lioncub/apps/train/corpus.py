@@ -18,8 +18,8 @@ manifest records each source's version, license and root, and `files.tsv` every 
   files' sizes and sha256 against the manifest.
 * **Built once and carried**: another Python (another version) has other files, so a GPU machine trains on the
   token files built here and carried with the checkout (`LIONCUB_CACHE=.cache`, carry `.cache/corpus`, about
-  40 MB), and `lioncub corpus check --expect docs/results/python-src-corpus/manifest.json` proves they are the
-  committed ones.
+  40 MB), and the research tools' `python -m research corpus check --expect
+  research/notebook/results/python-src-corpus/manifest.json` proves they are the committed ones.
 
 The cache root: `$LIONCUB_CACHE` if set (an error if it cannot be used), else `$XDG_CACHE_HOME/lioncub` or
 `~/.cache/lioncub`, else (a read-only or foreign home) `<temp dir>/lioncub-cache-<uid>`, said on stderr.
@@ -44,6 +44,7 @@ from lioncub.files import write_json
 
 NAME = "python-src"
 FORMAT = 1
+BUILD = "train a byte-* model or call lioncub.apps.train.corpus.build()"  # what an error says to do
 VAL_FRACTION = 0.05
 SEPARATOR = 0  # the byte that ends every document
 SUFFIXES = (".py", ".txt")
@@ -267,7 +268,7 @@ def read_manifest(out: Path) -> dict:
     try:
         m = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ValueError(f"no {NAME} corpus at {out} (build it: lioncub corpus build)") from None
+        raise ValueError(f"no {NAME} corpus at {out} (build it: {BUILD})") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: unreadable manifest ({exc})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT or m.get("name") != NAME:
@@ -283,11 +284,11 @@ def verify(out: Path) -> dict:
         try:
             size = path.stat().st_size
         except OSError:
-            raise ValueError(f"{NAME} at {out}: {path.name} is missing (rebuild: lioncub corpus build --force)") \
+            raise ValueError(f"{NAME} at {out}: {path.name} is missing (rebuild: remove {out}, then {BUILD})") \
                 from None
         if size != m[split]["bytes"] or _sha256_file(path) != m[split]["sha256"]:
             raise ValueError(f"{NAME} at {out}: {path.name} does not match its manifest (size or sha256): a "
-                             "truncated or altered copy (rebuild: lioncub corpus build --force)")
+                             f"truncated or altered copy (rebuild: remove {out}, then {BUILD})")
     return m
 
 
@@ -306,7 +307,7 @@ def load(*, build_missing: bool = True, progress: bool = True):
     if out is None:
         if not build_missing:
             raise ValueError(f"no {NAME} corpus in {', '.join(map(str, cache_candidates()[0]))} "
-                             "(build it: lioncub corpus build)")
+                             f"(build it: {BUILD})")
         out = build(progress=progress)
     m = verify(out)
     train = np.memmap(out / m["train"]["path"], dtype=np.uint8, mode="r")

@@ -1,10 +1,10 @@
-"""A `lioncub train` run's measurement beside its forecast (the comparison itself: lioncub.optim.versus)."""
+"""A `lioncub train` run's measurement beside its forecast (the comparison itself: lioncub.optim.stats)."""
 
 from __future__ import annotations
 
 import statistics
 
-from lioncub.optim.versus import compare_components, forecast_components, forecast_of, format_comparison
+from lioncub.optim.stats import compare_components, forecast_components, forecast_of, format_comparison
 
 
 def measured_components(summary: dict) -> dict:

@@ -60,8 +60,8 @@ import statistics
 from lioncub import methods
 from lioncub.comm import wire
 from lioncub.simulator import Cluster, simulate_collective
-from lioncub.simulator.contention import HOP_PROBE, Call, loaded_collective, make_call, moved
-from lioncub.simulator.hosts import HostModel, gloo_messages
+from lioncub.simulator.step.contention import HOP_PROBE, Call, loaded_collective, make_call, moved
+from lioncub.simulator.step.hosts import HostModel, gloo_messages
 
 from .hostprobe import element_of
 

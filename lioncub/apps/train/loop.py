@@ -23,7 +23,7 @@ from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.comm import transport, wire
 from lioncub.comm.distributed import broadcast_parameters
 from lioncub.comm.transport import group_rank_size
-from lioncub.optim import LionCub, schedules
+from lioncub.optim import LionCub, LocalSteps, schedules
 from lioncub.optim.lion import Lion
 
 MODELS = tuple(PRESETS) + ("mlp",)
@@ -290,13 +290,16 @@ def _setup(cfg: TrainConfig, world: int):
 def make_optimizer(cfg: TrainConfig, model):
     if cfg.configuration.plain_lion:
         return Lion(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
-    return LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                   method=cfg.configuration.method.name, levels=cfg.levels,
-                   momentum_sync=schedules.parse(cfg.momentum_sync),
-                   bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
-                   dense_warmup=cfg.dense_warmup, hierarchical=cfg.hierarchical, node_size=cfg.node_size,
-                   timing=cfg.timing, local_steps=cfg.local_steps, outer=cfg.outer, fragments=cfg.fragments,
-                   outer_delay=cfg.outer_delay)
+    nodes = (cfg.node_size if cfg.node_size is not None else "local") if cfg.hierarchical else None
+    local = None if cfg.local_steps is None else LocalSteps(cfg.local_steps, outer="avg" if cfg.outer is None else
+                                                            cfg.outer, fragments=cfg.fragments, delay=cfg.outer_delay)
+    opt = LionCub(model.parameters(), lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                  method=cfg.configuration.method.name, levels=cfg.levels,
+                  momentum_sync=schedules.parse(cfg.momentum_sync),
+                  bucket_mb=cfg.bucket_mb, grad_wire_dtype=cfg.grad_wire_dtype, overlap=cfg.overlap,
+                  dense_warmup=cfg.dense_warmup, node_size=nodes, local=local)
+    opt.timing = cfg.timing
+    return opt
 
 
 def _step_figures(opt, backward_s: float, world: int, fsdp: tuple[int, int] | None = None) -> dict:
@@ -352,7 +355,7 @@ def summarize(cfg, records, eval_loss, params, world, opt) -> dict:
         node_bytes_per_step=statistics.fmean(r.get("node_bytes_sent", 0) for r in timed) if timed else 0,
         skipped_steps=opt.stats.skipped_steps if hasattr(opt, "stats") else 0,
         momentum_syncs=opt.stats.momentum_syncs if hasattr(opt, "stats") else 0,
-        # the ranks' agreement (lioncub.optim.agreement) over the run and over its last tenth; None if unmeasured
+        # the ranks' agreement (optim.schedules.agreement) over the run and over its last tenth; None if unmeasured
         agreement=statistics.fmean(agreed) if agreed else None,
         final_agreement=statistics.fmean(agreed[-max(1, len(agreed) // 10):]) if agreed else None,
         # with cfg.timing: this rank's time in each collective (by lioncub.comm.transport's names) per step, the

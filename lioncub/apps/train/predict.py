@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lioncub import methods
 from lioncub.optim import schedules
-from lioncub.simulator.step import DDP_BUCKET_MB
+from lioncub.simulator.step.model import DDP_BUCKET_MB
 
 
 def momentum_interval(spec: str, steps: int) -> int | None:
@@ -55,7 +55,7 @@ def predict_step(cfg, params: int, compute_seconds: float, *, ranks: int, bandwi
     else:
         method, bucket_mb = run.method.name, cfg.bucket_mb or auto_bucket_mb(4 * params)
         interval, overlap = momentum_interval(cfg.momentum_sync, cfg.steps), cfg.overlap
-        if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.runs)
+        if not overlap and cfg.bucket_mb is None and not layout:  # step() exchanges runs of buckets (optim.buckets.Run)
             bucket_mb = max(bucket_mb, STEP_RUN_MB)
     layout.setdefault("grad_dtype", cfg.grad_wire_dtype)
     if not run.plain_lion and not run.wrapper.fsdp and sum(sizes := tensor_sizes(cfg)) == params:

@@ -1,4 +1,4 @@
-"""`lioncub bench convergence --grid`: the convergence map.
+"""`python -m research bench convergence-map`: the convergence map.
 
 Regimes (world size x per-rank batch x learning rate, each at several seeds) x configurations (method and
 momentum-sync schedule): each run's final eval loss over the allreduce baseline's of the same regime and
@@ -259,21 +259,8 @@ def format_map(res: dict) -> str:
     return "\n".join(lines)
 
 
-GRID_OPTIONS = ("part", "worlds", "batches", "lr", "lr_factors", "seeds", "device", "data", "block_size", "amp",
-                "eval_batches", "deadline")
-
-
-def run_convergence(args) -> int:
-    """`lioncub bench convergence`: the map with --grid or --merge, else every method's curves."""
-    if not (args.grid or args.merge):
-        from lioncub.apps.benchmarks import train
-
-        grid_only = [f"--{n.replace('_', '-')}" for n in GRID_OPTIONS if getattr(args, n) is not None]
-        if grid_only:
-            raise ValueError(f"{', '.join(grid_only)}: only with --grid (the convergence map)")
-
-        args.steps, args.model = args.steps or 300, args.model or "char-small"
-        return train.run_convergence(args)
+def run(args) -> int:
+    """`python -m research bench convergence-map`: run (a part of) the grid, or with --merge join parts into the map."""
     if args.merge:
         res = merge(args.merge)
         if args.plot:

@@ -1,6 +1,6 @@
-"""`lioncub lab validate`: calibrate from one lab setting, predict settings the fit never saw, tabulate.
+"""`python -m research lab validate`: calibrate from one lab setting, predict settings the fit never saw, tabulate.
 
-    sudo lioncub lab validate --output docs/VALIDATION.md        # make validation
+    sudo .venv/bin/python -m research lab validate        # make validation: research/notebook/VALIDATION.md
 
 1. Calibrate on the lab at one setting (4 ranks at 500 Mbit/s): the probes and fit of `lioncub calibrate`.
 2. Measure held-out settings with `lab bench` (other rank counts, other rates): all-reduce, all-gather,
@@ -22,12 +22,16 @@ import threading
 import time
 from datetime import datetime, timezone
 
-from lioncub import methods
-from lioncub.comm.wire import bus_factor
-from lioncub.simulator.collectives import COMPOSITES, composite_collectives
+from lioncub.simulator.collectives.simulate import COMPOSITES, composite_collectives
 
-from . import calibrate_lab
-from .fit import MEANINGS, fit, predict
+from lioncub import methods
+from lioncub.apps.calibrate import calibrate_lab
+from lioncub.apps.calibrate.fit import MEANINGS, fit, predict
+from lioncub.comm.wire import bus_factor
+from lioncub.files import check_writable
+from research import NOTEBOOK
+
+OUTPUT = str(NOTEBOOK / "VALIDATION.md")  # the notebook's page, wherever the command runs from
 
 MiB = 2**20
 CALIBRATION = (4, 500e6)
@@ -151,7 +155,7 @@ class _Ticker:
             self.bar.close()
 
 
-def run(output: str | None = "docs/VALIDATION.md", json_path: str | None = None, quick: bool = False,
+def run(output: str | None = OUTPUT, json_path: str | None = None, quick: bool = False,
         progress: bool = True, settings=SETTINGS, calibration=CALIBRATION, save_profile: str | None = None) -> dict:
     """Calibrate at `calibration` (ranks, bit/s), measure `settings`, predict, write the markdown. With
     save_profile, also write the calibrated profile there and its provenance beside it (.meta.json)."""
@@ -219,8 +223,8 @@ def save_with_provenance(profile, path: str, result: dict) -> None:
     quick = " --quick" if cal["quick"] else ""
     meta = {
         "profile": path.name,
-        "command": f"lioncub lab validate --save-profile {path}  (calibration: lioncub calibrate --lab --ranks "
-                   f"{cal['ranks']} --bandwidth {cal['bandwidth_bps'] / 1e6:g}Mbit{quick})",
+        "command": f"python -m research lab validate --save-profile {path}  (calibration: lioncub calibrate --lab "
+                   f"--ranks {cal['ranks']} --bandwidth {cal['bandwidth_bps'] / 1e6:g}Mbit{quick})",
         "generated": result["generated"],
         "machine": result["machine"],
         "load_average": [result["load_before"][0], result["load_after"][0]],
@@ -335,7 +339,7 @@ def _stat_row(name: str, s: dict | None) -> str:
 
 
 def render(res: dict) -> str:
-    """docs/VALIDATION.md from a `run` result: how it was made, the summary against the target, where the
+    """research/notebook/VALIDATION.md from a `run` result: how it was made, the summary against the target, where the
     target is missed and why, the calibration, every held-out row, and the mechanisms the model learned."""
     sections = (_intro(res), _method(res), _summary(res), _misses(res), _calibration(res), _held_out(res),
                 [MECHANISMS])
@@ -345,7 +349,7 @@ def render(res: dict) -> str:
 def _intro(res: dict) -> list[str]:
     m = res["machine"]
     return ["# Validation: the calibrated simulator against the lab\n",
-            "Regenerate with `make validation` (`lioncub lab validate --output docs/VALIDATION.md`, as root; "
+            "Regenerate with `make validation` (`python -m research lab validate`, as root; "
             f"this run took {res['wall_seconds'] / 60:.1f} min). Generated {res['generated']} on {m['cpu']} "
             f"({m['cores']} cores, shared with other sessions; load average {res['load_before'][0]:.2f} before, "
             f"{res['load_after'][0]:.2f} after), kernel {m['kernel']}.\n"]
@@ -473,3 +477,39 @@ Gloo's source, not as corrections of the final answer:
 * **Host kernels:** the vote of the 1-bit methods runs between or after their collectives, on the CPU
   cores all ranks share; its speed is measured at calibration and added to the transport's time.
 """
+
+
+def register(sub) -> None:
+    """`python -m research lab validate` (the lab's own commands are `lioncub lab`'s)."""
+    from lioncub.apps.lab.cli import guard
+
+    lab = sub.add_parser("lab", help="the calibrated simulator checked on the lab")
+    lsub = lab.add_subparsers(dest="lab_command", metavar="{validate}")
+    parser = lsub.add_parser(
+        "validate",
+        help="calibrate from one lab setting and check predictions in held-out settings (notebook/VALIDATION.md)",
+        description="Calibrate the simulator on the lab at 4 ranks and 500 Mbit/s, measure all-reduce, "
+        "all-gather, all-to-all and the lioncub composites at other rank counts and rates, predict them "
+        "from the calibration, and write the table of predicted against measured with the median and "
+        "worst error. Needs root; about 8 minutes (--quick: about 3).",
+    )
+    parser.add_argument("--output", default=OUTPUT, help="markdown file to write (default: the notebook's)")
+    parser.add_argument("--json", default=None, metavar="FILE",
+                        help="also write every measurement and prediction")
+    parser.add_argument("--quick", action="store_true", help="fewer sizes and a quick calibration")
+    parser.add_argument("--save-profile", default=None, metavar="FILE",
+                        help="also write the calibrated profile (and FILE.meta.json, its provenance); "
+                        "lioncub/apps/calibrate/data/gloo-lab.json is made this way")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.set_defaults(func=guard(validate))
+    lab.set_defaults(func=lambda args: lab.print_help() or 2)
+
+
+def validate(args) -> int:
+    for flag, path in (("--output", args.output), ("--json", args.json), ("--save-profile", args.save_profile)):
+        if path:
+            check_writable(path, flag)
+    res = run(args.output, args.json, args.quick, progress=not args.no_progress and sys.stderr.isatty(),
+              save_profile=args.save_profile)
+    print(summary_line(res, args.output))
+    return 0

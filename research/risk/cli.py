@@ -1,27 +1,30 @@
-"""`lioncub risk`: fit the convergence-risk rule to a map, check it on held-out regimes, pre-register calls."""
+"""`python -m research risk`: fit the convergence-risk rule to a map, check it on held-out regimes, pre-register
+calls."""
 
 from __future__ import annotations
 
 import json
 import os
 
+from lioncub.apps.autotune import risk_fit, risk_rule
 from lioncub.apps.tuned_lr import DEFAULT_LR
 from lioncub.files import check_writable, read_json
 
-from . import risk_rule
+from . import fit as fitting
+
+MERGE = "python -m research bench convergence-map --merge"  # what makes a merged map
 
 
 def register(sub) -> None:
     p = sub.add_parser("risk", help="fit autotune's convergence-risk rule to a map, check it, pre-register calls",
                        description="fit: refit the rule to MAP (rewrites lioncub/apps/autotune/risk_fit.py) and check "
-                                   "it "
-                                   "on MAP's held-out regimes; check: the committed fit on MAP's held-out regimes "
+                                   "it on MAP's held-out regimes; check: the committed fit on MAP's held-out regimes "
                                    "(all of them for another model); calls: the committed fit's calls for regimes "
                                    "not yet run (a pre-registration)")
     p.add_argument("action", choices=["fit", "check", "calls", "preregister", "report"])
-    p.add_argument("map", nargs="?", help="fit, check: a merged convergence map JSON (lioncub bench convergence "
-                                          "--merge); preregister: the plan (JSON: protocol and sets of regimes); "
-                                          "report: the pre-registration")
+    p.add_argument("map", nargs="?", help="fit, check: a merged convergence map JSON (python -m research bench "
+                                          "convergence-map --merge); preregister: the plan (JSON: protocol and "
+                                          "sets of regimes); report: the pre-registration")
     p.add_argument("maps", nargs="*", help="report: the merged maps of the pre-registered runs (one per model)")
     p.add_argument("--seen", nargs="*", default=[], metavar="MAP",
                    help="preregister: committed merged maps; a regime on one of them is not fresh")
@@ -30,7 +33,7 @@ def register(sub) -> None:
     p.add_argument("--tuned", action="append", default=[], metavar="MODEL=LR",
                    help="report: the lr a model's regimes were run against (its measured best; default its default lr)")
     p.add_argument("--check-output", metavar="JSON", help="write the check (fit, check) or the calls (calls) here")
-    p.add_argument("--regimes", default=",".join(risk_rule.FRESH),
+    p.add_argument("--regimes", default=",".join(fitting.FRESH),
                    help="calls: comma-separated [model:]N<ranks>-b<batch>-x<lr / tuned lr> (default: FRESH)")
     p.add_argument("--configs", default="vote-1bit,vote-pbit,l1-pbit,vote-1bit@adaptive", help="calls: method[@sync]")
     p.add_argument("--steps", type=int, default=200, help="calls: the run's steps (the map's: 200)")
@@ -56,9 +59,9 @@ def run(args) -> int:
     except json.JSONDecodeError as e:
         raise ValueError(f"{args.map} is not JSON ({e})") from None
     if not isinstance(map_res, dict) or not map_res.get("cells") or "model" not in map_res:
-        raise ValueError(f"{args.map} is not a merged convergence map (lioncub bench convergence --merge)")
-    fitted = risk_rule.fit(map_res) if args.action == "fit" else risk_rule.FIT
-    result = risk_rule.check(map_res, fitted, tuned_lr=args.tuned_lr)
+        raise ValueError(f"{args.map} is not a merged convergence map ({MERGE})")
+    fitted = fitting.fit(map_res) if args.action == "fit" else risk_rule.FIT
+    result = fitting.check(map_res, fitted, tuned_lr=args.tuned_lr)
     rate = result["hit_rate"]
     text = "" if not result["held_out_cells"] else (
         f"{result['low_within_2pct']} of {result['low']} low-risk cells within 2% of the baseline"
@@ -67,7 +70,7 @@ def run(args) -> int:
         + f"{result['low_within_2pct']} of them called low")
     fitted = dict(fitted, check=text)
     if args.action == "fit":
-        _write_fit(fitted, os.path.join(os.path.dirname(__file__), "risk_fit.py"))
+        _write_fit(fitted, risk_fit.__file__)
     if args.check_output:
         with open(args.check_output, "w") as f:
             json.dump(dict(fit=fitted, **result), f, indent=1)
@@ -83,7 +86,7 @@ def _calls(args) -> int:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
     rows = []
     for reg in args.regimes.split(","):
-        model, n, b, x = risk_rule.parse_regime(reg)
+        model, n, b, x = fitting.parse_regime(reg)
         tuned = DEFAULT_LR[model or risk_rule.FIT["model"]]
         for config in args.configs.split(","):
             method, _, sync = config.partition("@")
@@ -126,7 +129,7 @@ def _preregistered(args) -> int:
     for path in args.maps:
         m = read_json(path, "map")
         if not isinstance(m, dict) or "model" not in m or "runs" not in m:
-            raise ValueError(f"{path} is not a merged convergence map (lioncub bench convergence --merge)")
+            raise ValueError(f"{path} is not a merged convergence map ({MERGE})")
         maps[m["model"]] = m
     rep = preregister.report(read_json(args.map, "pre-registration"), maps, tuned)
     if args.output:
@@ -140,6 +143,6 @@ def _write_fit(fitted: dict, path: str) -> None:
     import pprint
 
     with open(path, "w") as f:
-        f.write('"""The convergence map fitted for the risk rule (written by `lioncub risk '
+        f.write('"""The convergence map fitted for the risk rule (written by `python -m research risk '
                 'fit`; do not edit)."""\n\n')
         f.write("FIT = " + pprint.pformat(fitted, width=116, sort_dicts=True) + "\n")

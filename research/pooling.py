@@ -1,4 +1,4 @@
-"""`lioncub bench pool RUN.json ...`: several `bench train` runs pooled, row by row.
+"""`python -m research bench pool RUN.json ...`: several `bench train` runs pooled, row by row.
 
 One lab run is one draw: the same command on the same machine gave vote-1bit 6.7x to 9.0x over torch DDP + Lion
 at 100 Mbit/s, mostly because the compute per step moved (86 to 174 ms). This reports each configuration at each
@@ -14,9 +14,8 @@ import math
 import statistics
 import sys
 
+from lioncub.apps.benchmarks.train import row_label
 from lioncub.files import read_json
-
-from .train import row_label
 
 
 def load(paths: list[str]) -> list[tuple[str, dict, dict]]:
@@ -146,7 +145,7 @@ def run(args) -> int:
         if args.plot:
             plot(groups, args.plot, args.configs.split(",") if args.configs else None)
     except ValueError as exc:
-        print(f"lioncub bench pool: {exc}", file=sys.stderr)
+        print(f"python -m research bench pool: {exc}", file=sys.stderr)
         return 2
     if args.json:
         print(json.dumps(dict(groups=[{k: v for k, v in g.items() if k != "points"} for g in groups]), indent=1))

@@ -1,4 +1,4 @@
-"""`lioncub corpus`: build, show and check the python-src corpus (lioncub.apps.train.corpus)."""
+"""`python -m research corpus`: build, show and check the python-src corpus (lioncub.apps.train.corpus)."""
 
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ def run(args) -> int:
         out = corpus.find()
         if out is None:
             raise ValueError(f"no {corpus.NAME} corpus in {', '.join(map(str, corpus.cache_candidates()[0]))} "
-                             "(build it: lioncub corpus build)")
+                             "(build it: python -m research corpus build)")
     m = corpus.verify(out)
     if args.action == "check" and args.expect:
         diffs = corpus.same_corpus(m, read_json(args.expect, "--expect manifest"))

@@ -1,11 +1,11 @@
-"""The convergence map's bookkeeping (lioncub.apps.benchmarks.convergence_map): parts, merge, heat map."""
+"""The convergence map's bookkeeping (research.convergence_map): parts, merge, heat map."""
 
 import json
 
 import pytest
 from repo import REPO
 
-from lioncub.apps.benchmarks import convergence_map as cm
+from research import convergence_map as cm
 
 
 def test_parts_cover_the_grid_once():
@@ -46,11 +46,11 @@ def test_merge_ratios_and_plot(tmp_path):
 
 
 def test_grid_cli_passes_its_base_lr_to_the_grid(monkeypatch):
-    from lioncub.cli import main
+    from research.cli import main
 
     seen = {}
     monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
-    assert main(["bench", "convergence", "--grid", "--lr", "3e-4", "--lr-factors", "1,2"]) == 0
+    assert main(["bench", "convergence-map", "--lr", "3e-4", "--lr-factors", "1,2"]) == 0
     assert seen.pop("device") == "cpu" and seen.pop("deadline") is None and seen.pop("setup") == {}
     assert seen["lr"] == 3e-4 and seen["lr_factors"] == (1.0, 2.0)
     assert [r["lr"] for r in cm.runs(configs=("allreduce",), seeds=(0,), worlds=(2,), batches=(8,), **seen)] == [
@@ -76,19 +76,22 @@ def test_parts_of_another_model_steps_or_device_are_never_merged_or_resumed_into
                         lr_factors=(1.0,))
 
 
-def test_grid_cli_passes_the_device_and_refuses_it_without_grid(monkeypatch, capsys):
-    from lioncub.cli import main
+def test_grid_cli_passes_the_device_and_the_curves_refuse_it(monkeypatch, capsys):
+    from lioncub.cli import main as lioncub_main
+    from research.cli import main
 
     seen = {}
     monkeypatch.setattr(cm, "run_grid", lambda *a, **kw: seen.update(kw) or {})
-    assert main(["bench", "convergence", "--grid", "--device", "cuda"]) == 0
+    assert main(["bench", "convergence-map", "--device", "cuda"]) == 0
     assert seen["device"] == "cuda"
-    assert main(["bench", "convergence", "--device", "cuda"]) != 0
-    assert "--device: only with --grid" in capsys.readouterr().err
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:  # `lioncub bench convergence` is the curves: no grid options
+        lioncub_main(["bench", "convergence", "--device", "cuda"])
+    assert exc.value.code == 2 and "unrecognized arguments: --device cuda" in capsys.readouterr().err
 
 
 def test_gpu_map_script_rehearses_a_regime_on_cpu_and_checks_the_rule(tmp_path):
-    """scripts/gpu_map.sh with DEVICE=cpu: one grid per regime x seed stream, merged, and the committed rule
+    """research/gpu/gpu_map.sh with DEVICE=cpu: one grid per regime x seed stream, merged, and the committed rule
     checked on it (a regime the fit never saw is held out)."""
     import json
     import os
@@ -99,8 +102,8 @@ def test_gpu_map_script_rehearses_a_regime_on_cpu_and_checks_the_rule(tmp_path):
     env = dict(os.environ, DEVICE="cpu", MODELS="char-tiny", STEPS="2", REGIMES="N3-b4-x1", SEED_STREAMS="0 1",
                CONFIGS="allreduce,vote-1bit", PYTHON=sys.executable, SKIP_INSTALL="1")
     out = tmp_path / "gm"
-    p = subprocess.run(["bash", str(root / "scripts" / "gpu_map.sh"), str(out), "240"], env=env, cwd=root,
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(["bash", str(root / "research" / "gpu" / "gpu_map.sh"), str(out), "240"], env=env,
+                       cwd=root, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-2000:]
     assert sorted(f.name for f in out.glob("char-tiny-N3-*.json")) == ["char-tiny-N3-b4-x1-s0.json",
                                                                       "char-tiny-N3-b4-x1-s1.json"]

@@ -1,11 +1,11 @@
-"""`lioncub bench pool`: several `bench train` JSONs pooled row by row (lioncub/apps/benchmarks/pooled.py)."""
+"""`python -m research bench pool`: several `bench train` JSONs pooled row by row (research/pooling.py)."""
 
 import json
 
 import pytest
 
-from lioncub.apps.benchmarks.pooled import load, pool
-from lioncub.cli import main
+from research.cli import main
+from research.pooling import load, pool
 
 
 def _row(method, step, speedup, predicted=None, sync="none", hier=False, hook=False):

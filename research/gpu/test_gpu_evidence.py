@@ -1,5 +1,5 @@
-"""scripts/gpu_evidence.sh, issue 30's GPU command, rehearsed on CPU, and the lr sweep's pick it relies on
-(lioncub.apps.benchmarks.lr_sweep)."""
+"""research/gpu/gpu_evidence.sh, issue 30's GPU command, rehearsed on CPU, and the lr sweep's pick it relies on
+(research.lr_sweep)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import sys
 import pytest
 from repo import REPO
 
-from lioncub.apps.autotune import preregister
-from lioncub.apps.benchmarks import lr_sweep
+from research import lr_sweep
+from research.risk import preregister
 
 
 def test_lr_sweep_picks_the_lowest_mean_only_when_complete(tmp_path, capsys):
@@ -42,7 +42,7 @@ def test_lr_sweep_picks_the_lowest_mean_only_when_complete(tmp_path, capsys):
 @pytest.mark.slow
 @pytest.mark.timeout(7200)
 def test_gpu_evidence_script_rehearses_sweep_map_and_report_on_cpu_and_resumes(tmp_path):
-    """scripts/gpu_evidence.sh with DEVICE=cpu and tiny sizes: the sweep and its pick, the pre-registered set at
+    """research/gpu/gpu_evidence.sh with DEVICE=cpu and tiny sizes: the sweep and its pick, the pre-registered set at
     the pick's lr, the report; a second call finds everything done and changes nothing."""
     plan = dict(protocol="rehearsal", allow_missing_levels=True, sets=[dict(
         name="gpu", model="char-tiny", steps=2, regimes=["N3-b4-x1"], configs=["vote-1bit", "l1-pbit@every:10"],
@@ -54,7 +54,7 @@ def test_gpu_evidence_script_rehearses_sweep_map_and_report_on_cpu_and_resumes(t
                SWEEP_SEEDS="0", SWEEP_EXTEND="1", PREREG=str(prereg), CORPUS_EXPECT="none", SKIP_INSTALL="1",
                PYTHON=sys.executable)
     out = tmp_path / "ev"
-    script = REPO / "scripts" / "gpu_evidence.sh"
+    script = REPO / "research" / "gpu" / "gpu_evidence.sh"
     p = subprocess.run(["bash", str(script), str(out), "3000"], env=env, cwd=REPO, capture_output=True, text=True,
                        timeout=3600)  # (a deadline no busy machine reaches: the test is about what runs, not when)
     assert p.returncode == 0, p.stderr[-3000:]

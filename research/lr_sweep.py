@@ -1,13 +1,13 @@
 """The learning-rate sweep's pick, by a rule fixed before the sweep runs (scripts/gpu_evidence.sh).
 
-    python -m lioncub.apps.benchmarks.lr_sweep MAP --seeds 0,1 --lrs 3e-5,6e-5,1.2e-4 [--output JSON]
+    python -m research.lr_sweep MAP --seeds 0,1 --lrs 3e-5,6e-5,1.2e-4 [--output JSON]
 
-MAP is the merged map of the sweep (allreduce at several lrs, `lioncub bench convergence --merge`). The pick is
-the lr with the lowest mean final eval loss over the given seeds, a tie going to the lower lr; it is made only
-when every lr of the sweep (--lrs: the lrs it was to run, not only those a run reached) has every one of those
-seeds (exit status 3 and no output otherwise, so a sweep cut by a deadline is finished on the next run before
-anything uses its lr). `at_edge` says when the pick is the sweep's
-lowest or highest lr: the best may lie beyond it.
+MAP is the merged map of the sweep (allreduce at several lrs, `python -m research bench convergence-map --merge`).
+The pick is the lr with the lowest mean final eval loss over the given seeds, a tie going to the lower lr; it is
+made only when every lr of the sweep (--lrs: the lrs it was to run, not only those a run reached) has every one of
+those seeds (exit status 3 and no output otherwise, so a sweep cut by a deadline is finished on the next run
+before anything uses its lr). `at_edge` says when the pick is the sweep's lowest or highest lr: the best may lie
+beyond it.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def select(map_res: dict, seeds: list[int], lrs: list[float] | None = None) -> d
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lioncub.apps.benchmarks.lr_sweep", description=__doc__.split("\n")[0])
-    ap.add_argument("map", help="the sweep's merged map (lioncub bench convergence --merge)")
+    ap = argparse.ArgumentParser(prog="python -m research.lr_sweep", description=__doc__.split("\n")[0])
+    ap.add_argument("map", help="the sweep's merged map (python -m research bench convergence-map --merge)")
     ap.add_argument("--seeds", required=True, help="comma-separated seeds every lr must have")
     ap.add_argument("--lrs", help="comma-separated lrs the sweep was to run (default: those in MAP)")
     ap.add_argument("--output", help="write the pick here (only when the sweep is complete)")

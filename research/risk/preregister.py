@@ -29,10 +29,11 @@ import os
 import statistics
 
 from lioncub import methods
+from lioncub.apps.autotune import risk_rule
 from lioncub.apps.train.configs import WARMUP, split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
 
-from . import risk_rule
+from .fit import parse_regime
 
 LEVELS = ("low", "medium", "high")
 WITHIN = 1.02  # a call holds if the mean ratio to the baseline is at most this
@@ -88,7 +89,7 @@ def register(plan: dict, seen: set[tuple[str, str]] = frozenset(), today: str | 
         _check_set(s)
         tuned = DEFAULT_LR[s["model"]]
         for reg in s["regimes"]:
-            model, n, b, x = risk_rule.parse_regime(reg)
+            model, n, b, x = parse_regime(reg)
             if model:
                 raise ValueError(f"plan set {s['name']!r}: give regimes without a model ({reg!r}); the set's model "
                                  "is its own")
@@ -217,7 +218,7 @@ def report(prereg: dict, maps: dict[str, dict], tuned: dict | None = None) -> di
         for c in items:
             s = sets[c["set"]]
             m = _set_map(s, maps)
-            _, n, b, x = risk_rule.parse_regime(c["regime"])
+            _, n, b, x = parse_regime(c["regime"])
             got = _measured(m, c["config"], n, b, _regime_lr(x, _tuned(s["model"], tuned)), s["seeds"]) if m else \
                 dict(seeds=[], mean=None, se=None)
             complete = len(got["seeds"]) >= s["min_seeds"]

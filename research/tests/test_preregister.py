@@ -1,4 +1,4 @@
-"""Issue 30's pre-registration of the risk rule's calls (lioncub.apps.autotune.preregister): the calls, what it
+"""Issue 30's pre-registration of the risk rule's calls (research.risk.preregister): the calls, what it
 refuses, the report per level, and the committed pre-registration."""
 
 from __future__ import annotations
@@ -8,12 +8,14 @@ import math
 import statistics
 
 import pytest
-from repo import REPO
 
-from lioncub.apps.autotune import preregister, risk_rule
-from lioncub.apps.benchmarks import convergence_map as cm
+from lioncub.apps.autotune import risk_rule
 from lioncub.apps.train.configs import split_run
 from lioncub.apps.tuned_lr import DEFAULT_LR
+from research import RESULTS
+from research import convergence_map as cm
+from research.risk import preregister
+from research.risk.fit import parse_regime
 
 SETUP = dict(data="pydoc-topics", block_size=64, amp="none", eval_batches=8)
 
@@ -38,7 +40,7 @@ def test_register_makes_the_rules_calls_and_prescriptions():
     assert p["written"] == "2026-11-27" and p["fit_digest"] == preregister.fit_digest()
     assert len(p["calls"]) == 3 * 2
     for c in p["calls"]:  # the oracle: the rule itself, called directly
-        _, n, b, x = risk_rule.parse_regime(c["regime"])
+        _, n, b, x = parse_regime(c["regime"])
         method, sync, _ = split_run(c["config"])
         r = risk_rule.risk(method, n, None, sync, 200, batch_size=b, lr=x * 5e-4, tuned_lr=5e-4)
         assert (c["level"], c["score"]) == (r["level"], r["score"])
@@ -76,7 +78,7 @@ def _map_for(prereg, loss, seeds, model="char-tiny", steps=200):
     rows = []
     s = prereg["sets"][0]
     for reg in s["regimes"]:
-        _, n, b, x = risk_rule.parse_regime(reg)
+        _, n, b, x = parse_regime(reg)
         for config in preregister.run_configs(prereg, s["name"]):
             for seed in seeds:
                 rows.append(dict(config=config, ranks=n, batch_size=b, lr=round(DEFAULT_LR[model] * x, 10), seed=seed,
@@ -130,14 +132,16 @@ def test_report_marks_missing_seeds_incomplete_and_refuses_another_fit_or_setup(
 
 
 def test_the_committed_preregistration_covers_every_level_and_its_regimes_were_fresh():
-    p = json.loads((REPO / "docs" / "results" / "issue30" / "risk-rule-preregistered.json").read_text())
+    p = json.loads((RESULTS / "issue30" / "risk-rule-preregistered.json").read_text())
     assert p["fit_digest"] == preregister.fit_digest()
     assert all(p["counts"][lv] > 0 for lv in preregister.LEVELS)
     gpu = next(s for s in p["sets"] if s["name"] == "gpu")
     assert gpu["model"] == "byte-30m" and gpu["steps"] >= 1000 and len(gpu["seeds"]) >= 3
     assert {int(r.split("-")[0][1:]) for r in gpu["regimes"]} == {4, 8}
-    again = preregister.register({k: p[k] for k in ("protocol", "sets", "issue")}, preregister.seen_regimes(
-        [json.loads((REPO / m).read_text()) for m in p["seen_maps"]]), today=p["written"])
+    # the maps' paths were recorded while the notebook was under docs/
+    seen = [json.loads((RESULTS / m.removeprefix("docs/results/")).read_text()) for m in p["seen_maps"]]
+    again = preregister.register({k: p[k] for k in ("protocol", "sets", "issue")}, preregister.seen_regimes(seen),
+                                 today=p["written"])
     assert again["calls"] == p["calls"] and again["prescriptions"] == p["prescriptions"]
 
 
