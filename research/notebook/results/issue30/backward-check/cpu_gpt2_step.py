@@ -12,7 +12,7 @@ import time
 import torch
 
 sys.path.insert(0, "scripts")
-from gpu_check import gpt2_shapes  # noqa: E402
+from gpu_bench import gpt2_shapes  # noqa: E402
 
 from lioncub import LionCub  # noqa: E402
 
