@@ -9,7 +9,7 @@ CPU_TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.lioncub-installed
 NB_STAMP := $(VENV)/.lioncub-notebooks
 
-.PHONY: demo test lint notebooks bench clean-venv lab-clean validation gpu-check
+.PHONY: demo test lint notebooks bench clean-venv lab-clean validation gpu-check docs
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || { \
@@ -31,6 +31,11 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check .
 
+# The docs site (mkdocs.yml, docs/) into site/, strictly: a broken link, a missing reference or any warning fails
+# (tests/test_docs.py builds it the same way inside `make test`).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
 # JupyterLab comes from the `notebooks` extra, installed once (editable, like the rest: a plain '.[notebooks]'
 # would replace the editable lioncub with a copy). The notebooks are stored without outputs: notebooks/README.md.
 $(NB_STAMP): $(STAMP)
@@ -45,7 +50,7 @@ bench: $(STAMP)
 	$(VENV)/bin/lioncub bench kernels
 	$(VENV)/bin/lioncub bench simulator
 
-# Every CUDA check and benchmark in one command, < 6 minutes (docs/GPU_CHECK.md). On a GPU machine it uses that
+# Every CUDA check and benchmark in one command, < 6 minutes (scripts/README.md). On a GPU machine it uses that
 # machine's Python and installs lioncub into it offline (wheels from .whl/: scripts/fetch_gpu_wheels.sh);
 # without a GPU it builds .venv and rehearses on CPU tensors (Triton interpreter, tiny sizes).
 OUT ?= out/gpu-check
@@ -54,7 +59,7 @@ gpu-check:
 	bash scripts/gpu_check.sh $(OUT)
 
 validation: $(STAMP)
-	$(VENV)/bin/lioncub lab validate --output docs/VALIDATION.md
+	$(VENV)/bin/python -m research lab validate --output research/notebook/VALIDATION.md
 
 lab-clean: $(STAMP)
 	$(VENV)/bin/lioncub lab clean

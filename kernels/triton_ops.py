@@ -10,7 +10,7 @@ One launch per flat bucket, one pass over memory per kernel:
                  (quantize_pack_checked: and whether g is all finite, counted in that pass)
   vote           N packed 1-bit rows -> majority bits     bit-sliced popcount, nothing unpacked
   unpack_apply   code, p -> p                             decode U and apply decay + step in one pass
-See docs/KERNELS.md for layouts and bytes moved per parameter.
+See docs/kernels.md for layouts and bytes moved per parameter.
 """
 
 from __future__ import annotations

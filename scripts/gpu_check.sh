@@ -3,7 +3,7 @@
 #   bash scripts/gpu_check.sh [OUTDIR] [--size full|tiny] [--only STEP,...]
 # Runs in the machine's existing Python (the first of $PYTHON, .venv/bin/python, python3, python that imports
 # torch); installs lioncub into it without the network, plus the wheels in .whl/ (scripts/fetch_gpu_wheels.sh).
-# Everything else is scripts/gpu_check.py: see its docstring and docs/GPU_CHECK.md.
+# Everything else is scripts/gpu_check.py: see its docstring and scripts/README.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-out/gpu-check}

@@ -23,7 +23,7 @@ _OPS_HELP = ("allreduce, allgather, reducescatter, alltoall, broadcast, reduce, 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("simulate", help="predict collective and training-step times (no GPU needed)",
-                              description="A SimPy model of an Ethernet cluster. See docs/SIMULATOR.md.")
+                              description="A SimPy model of an Ethernet cluster. See docs/simulator.md.")
     sub = p.add_subparsers(dest="simulate", metavar="WHAT")
 
     c = sub.add_parser("collective", help="one collective (or lioncub composite) on a cluster",

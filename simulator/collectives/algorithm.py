@@ -1,6 +1,6 @@
 """What a collective algorithm is to the simulator: one `Algorithm` record with everything needed to run it,
 choose it (`auto`) and bound it. Each record lives in the module of its program (rings.py, doubling.py,
-trees.py, alltoall.py); registry.py registers them (docs/SIMULATOR.md: Adding a collective algorithm)."""
+trees.py, alltoall.py); registry.py registers them (docs/simulator.md: Adding a collective algorithm)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 the module of its program. Their order here is the order profiles list them in and `auto` breaks ties by. The
 registry keeps the names the profiles read (profiles.ALL_ALGORITHMS, profiles.LIBRARY_ALGORITHMS).
 
-Adding an algorithm is its record in its module and one line in BUILTIN (docs/SIMULATOR.md: Adding a
+Adding an algorithm is its record in its module and one line in BUILTIN (docs/simulator.md: Adding a
 collective algorithm); `register` adds a record at run time (a test, a user's own algorithm).
 """
 

@@ -228,7 +228,7 @@ def _band_of(ax: dict, line: dict) -> list | None:
 
 
 def ratio_band(x: float, error) -> tuple[float, float]:
-    """A speedup's interval written out here from docs/SIMULATOR.md, not imported: each of the two forecasts
+    """A speedup's interval written out here from docs/simulator.md, not imported: each of the two forecasts
     within x (1 + low) .. x (1 + high), their log-widths added in quadrature around the ratio."""
     half = math.sqrt(2) * (math.log(1 + error[1]) - math.log(1 + error[0])) / 2
     return x * math.exp(-half), x * math.exp(half)

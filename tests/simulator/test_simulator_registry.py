@@ -1,5 +1,5 @@
 """A collective algorithm is one record: a toy algorithm defined here, registered the documented way
-(registry.register, docs/SIMULATOR.md: Adding a collective algorithm), runs by name, under `auto`, in the
+(registry.register, docs/simulator.md: Adding a collective algorithm), runs by name, under `auto`, in the
 profile of its library, with its symmetry and its bound, without any other simulator file knowing it."""
 
 import pytest

@@ -27,7 +27,7 @@ The search space
   planned run times the simulated cost of one sync (the simulator's own amortization, made exact).
 
 The convergence risk rule (see `risk`) and the pilot ranking (see `run_pilots`) are documented where they
-are defined and in docs/AUTOTUNE.md; `recommend` picks from the search and `pilot_verdict` lets a pilot
+are defined and in docs/autotune.md; `recommend` picks from the search and `pilot_verdict` lets a pilot
 overrule that pick.
 """
 

@@ -1,6 +1,6 @@
 """The lab: an emulated Ethernet cluster on one machine (network namespaces, veth, a bridge, tbf).
 
-See docs/LAB.md. Nothing here imports torch; only the ranks do.
+See docs/lab.md. Nothing here imports torch; only the ranks do.
 """
 
 from .lab import Lab, check_latency

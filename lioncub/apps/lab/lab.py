@@ -73,7 +73,7 @@ class Lab:
         """`hosts` hosts (or enough for `ranks` at `ranks_per_host` each), every link shaped to
         `bandwidth` both ways. With `attach`, use the persistent lab of that run id (from `lioncub lab
         up`) instead of building one; it is left standing on exit. `burst` is the tbf bucket as line
-        time (default one 4 ms timer tick; see netns.py and docs/LAB.md). `congestion`: the hosts' TCP
+        time (default one 4 ms timer tick; see netns.py and docs/lab.md). `congestion`: the hosts' TCP
         congestion control (default netns.CONGESTION, cubic; "system" keeps the machine's)."""
         check_latency(latency)
         if ranks_per_host < 1:

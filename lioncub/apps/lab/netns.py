@@ -31,7 +31,7 @@ _LINK_RE = re.compile(r"^lc[0-9a-f]{6}(br|[ph]\d+)$")
 # serviced (a softirq). When the CPUs are busy, softirqs are deferred to ksoftirqd, which may wait for
 # the next scheduler tick: 4 ms on this kernel (CONFIG_HZ=250). Tokens that would accrue beyond a full
 # bucket during such a gap are lost, so the bucket must hold about one tick of data (rate x 4 ms) or a
-# loaded machine never reaches the rate. Measured (docs/LAB.md), single TCP flow at 1 Gbit/s: with
+# loaded machine never reaches the rate. Measured (research/notebook/LAB-notes.md), single TCP flow at 1 Gbit/s: with
 # 1 ms of burst 95.5% goodput idle but 93% with the two cores oversubscribed; with 2 ms, 89-95% at 3x
 # oversubscription; with one tick, 95-96% in every case (95.6% is the TCP/IP-over-Ethernet ceiling).
 # A larger bucket only hurts: after an idle period the first `burst` bytes leave at memory speed, so a
@@ -45,7 +45,7 @@ FRAME = 1514  # Ethernet frame without FCS: what tc accounts per packet on a vet
 # a namespace inherits, does not decide it): Linux's default, cubic, which clusters keep unless changed. Some
 # machines default to bbr (this project's 2-core VMs do); measured on the lab at 1 Gbit/s, 4 ranks, char-small,
 # l1-pbit: with bbr about 8% of the step's all-reduces stall 57-123 ms with every rank inside the call (also
-# without overlap, not in Python's GC, no queue drops), with cubic none (docs/LAB.md). "system": the default.
+# without overlap, not in Python's GC, no queue drops), with cubic none (research/notebook/LAB-notes.md). "system": the default.
 CONGESTION = "cubic"
 
 
