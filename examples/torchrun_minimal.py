@@ -31,7 +31,7 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 10)).to(device)
     lioncub.broadcast_parameters(model)  # every rank starts from rank 0's weights
     opt = lioncub.LionCub(model.parameters(), lr=3e-4, weight_decay=0.1, method=args.method,
-                          momentum_sync=args.momentum_sync, hierarchical=args.hierarchical)
+                          momentum_sync=args.momentum_sync, node_size="local" if args.hierarchical else None)
 
     gen = torch.Generator().manual_seed(1000 + rank)  # different data on every rank
     teacher = torch.Generator().manual_seed(7)

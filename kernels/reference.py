@@ -28,7 +28,7 @@ from lioncub.comm.wire import Codec, FieldLayout
 
 PACK_MAGIC = 0x0102040810204080  # (8 bytes of 0/1 as an int64) * PACK_MAGIC >> 56 == the packed byte
 _CACHE: dict = {}
-# each thread's own scratch buffers: a communication thread's codec (lioncub.optim.streaming's) runs while the
+# each thread's own scratch buffers: a communication thread's codec (lioncub.optim.local's streaming) runs while the
 # main thread's Lion steps use theirs
 _THREAD = threading.local()
 

@@ -15,6 +15,7 @@ __version__ = "0.1.0"
 
 _LAZY = {
     "LionCub": "lioncub.optim.optimizer",
+    "LocalSteps": "lioncub.optim.local",
     "Lion": "lioncub.optim.lion",
     "lion_step": "lioncub.optim.optimizer",
     "attach_ddp": "lioncub.integrations.ddp",

@@ -1,6 +1,8 @@
-"""The shape of the code, as issue 26 set it: no object's private state used from outside its module, no
-function over 60 lines, small core modules, method names only in the registry. Read statically (ast) from the
-installed packages' sources (tests/test_imports.py walks them; import cycles are checked there)."""
+"""The shape of the code: no object's private state used from outside its module, method names only in the
+registry (issue 26), and sizes that follow the job (issue 49: a module holds one responsibility, up to about 800
+lines; a function may follow numbered phases, up to 120; the caps catch a module or function that grew two jobs).
+Read statically (ast) from the installed packages' sources (tests/test_imports.py walks them; import cycles are
+checked there)."""
 
 from __future__ import annotations
 
@@ -14,24 +16,24 @@ from lioncub import methods
 MODULES = lioncub_modules()
 ROOT = Path(MODULES["lioncub"]).parent.parent
 CORE = ("lioncub.optim", "lioncub.methods", "lioncub.comm")
-MAX_FUNCTION_LINES = 60
-MAX_CORE_MODULE_LINES = 350
+MAX_FUNCTION_LINES = 120
+MAX_CORE_MODULE_LINES = 800
 MAX_NAME_BRANCHES = 5
 
 # other libraries' private members that have no public equivalent, each at the one place that needs it
 FOREIGN_PRIVATE = {
     ("lioncub.optim.buckets", "t._version"): "torch's version counter of a tensor (autograd's own check)",
-    ("lioncub.optim.overlap", "torch.autograd.Variable._execution_engine"):
+    ("lioncub.optim.backward", "torch.autograd.Variable._execution_engine"):
         "queue a callback at the end of backward, as torch DDP does",
     ("lioncub.apps.train.lab", "os._exit"): "leave a forked child without running the parent's atexit",
-    ("lioncub.comm.settle", "t._use_count"): "whether Gloo's worker still holds a collective's tensor (no public "
-                                             "way; the exit waits until it does not)",
+    ("lioncub.comm.clean_exit", "t._use_count"): "whether Gloo's worker still holds a collective's tensor (no "
+                                                 "public way; the exit waits until it does not)",
     ("lioncub.kernels.triton_interpreter", "interp._patch_lang_tensor"):
         "teach the Triton interpreter (tests on CPU) what the compiler does; docs/KERNELS.md",
 }
 # modules whose job is to hold another library's internals, behind a pin and a test of what they rely on
 FOREIGN_PRIVATE_MODULES = {
-    "lioncub.simulator.engine": "SimPy's event queue and clock: simpy pinned in pyproject, "
+    "lioncub.simulator.net.engine": "SimPy's event queue and clock: simpy pinned in pyproject, "
                                 "tests/simulator/test_simulator_engine.py, docs/SIMULATOR.md",
 }
 
@@ -113,9 +115,9 @@ def test_no_private_state_of_another_object_is_used():
     assert not found, "private members used from outside their owner:\n  " + "\n  ".join(found)
 
 
-def test_no_function_is_longer_than_60_lines():
+def test_no_function_is_longer_than_120_lines():
     found = long_functions()
-    assert not found, "functions over 60 lines:\n  " + "\n  ".join(found)
+    assert not found, f"functions over {MAX_FUNCTION_LINES} lines:\n  " + "\n  ".join(found)
 
 
 def test_core_modules_are_small():

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 import torch
 import torch.distributed as dist
 
-from lioncub.comm import settle
+from lioncub.comm import clean_exit
 from lioncub.comm.launch import launch_env
 
 log = logging.getLogger("lioncub")
@@ -77,14 +77,14 @@ def finish() -> None:
     """End a distributed run: wait for every rank, destroy all process groups, settle.
 
     Call it last in a torchrun script; a bare destroy_process_group(), or no teardown at all, also ends
-    cleanly (lioncub.comm.settle runs at exit). finish() adds the barrier, so that no rank tears its groups
+    cleanly (lioncub.comm.clean_exit runs at exit). finish() adds the barrier, so that no rank tears its groups
     down while another still talks to it, and stops LionCub's communication threads first."""
-    settle.settle()  # (the communication threads end before the last collectives)
+    clean_exit.settle()  # (the communication threads end before the last collectives)
     if not (dist.is_available() and dist.is_initialized()):
         return
     dist.barrier()
     dist.destroy_process_group()
-    settle.settle()
+    clean_exit.settle()
 
 
 @contextlib.contextmanager

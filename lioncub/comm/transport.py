@@ -3,7 +3,7 @@ step's control message. The collectives of each method live in lioncub.methods; 
 
 Every collective goes through `call`, which turns a backend failure (a dead or stalled peer, a network
 error, a process-group timeout) into a CommError that says so, and notes its tensors so that the process
-ends cleanly (lioncub.comm.settle).
+ends cleanly (lioncub.comm.clean_exit).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from lioncub.comm import settle
+from lioncub.comm import clean_exit
 
 # torch >= 2.10 renames all_gather_into_tensor to all_gather_single
 all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -71,7 +71,7 @@ def call_times() -> dict[str, tuple[int, float]]:
 
 def call(name: str, fn, *args, **kwargs):
     t0 = time.perf_counter() if _TIMES is not None else None
-    counted = settle.before(list(args) + list(kwargs.values()))
+    counted = clean_exit.before(list(args) + list(kwargs.values()))
     try:
         return fn(*args, **kwargs)
     except (RuntimeError, dist.DistBackendError) as exc:
@@ -81,7 +81,7 @@ def call(name: str, fn, *args, **kwargs):
             f"timeout, or the network failed. Original error: {exc}"
         ) from exc
     finally:
-        settle.track(counted)  # (the exit waits until Gloo let go of them: lioncub.comm.settle)
+        clean_exit.track(counted)  # (the exit waits until Gloo let go of them: lioncub.comm.clean_exit)
         if t0 is not None:
             dt = time.perf_counter() - t0
             with _TIMES_LOCK:

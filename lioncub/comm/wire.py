@@ -137,7 +137,7 @@ class Collective:
 # the sum of the ranks' squared gradient norms (for LionCub.clip_grad_norm_) and how many parameters got no
 # gradient: [count, sum, unused] in float64.
 CONTROL = Collective("allreduce", 24, "float64")
-SAME_GRADIENTS = Collective("allreduce", 32, "float64")  # once, on the first compressed step (optim.replicas)
+SAME_GRADIENTS = Collective("allreduce", 32, "float64")  # once, on the first compressed step (Engine.check_replicas)
 
 
 def usage_collective(params: int) -> Collective:

@@ -36,9 +36,34 @@ from lioncub.comm.transport import any_rank
 
 
 class GradScaler(torch.amp.GradScaler):
-    """torch.amp.GradScaler for data-parallel ranks that do not average their gradients (see the module
-    docstring). `process_group`: the group to agree over for optimizers other than LionCub (LionCub uses
-    its own)."""
+    """fp16 loss scaling whose inf/NaN check every rank agrees on: every rank skips the same steps.
+
+    `torch.amp.GradScaler` checks its own rank's gradients, and LionCub keeps each rank's gradient local, so
+    one overflowing rank would skip a step the others take (a hang); LionCub refuses it. This subclass takes
+    torch's arguments and agrees the check across ranks, at no extra collective where the overlapped exchange
+    carries it (see the module docstring).
+
+    Args:
+        device: the device type of the scaled tensors ("cuda").
+        init_scale: the first scale.
+        growth_factor: the scale's factor after `growth_interval` steps without an overflow.
+        backoff_factor: the scale's factor after an overflow.
+        growth_interval: steps without an overflow before the scale grows.
+        enabled: False makes every method a pass-through (as torch's).
+        process_group: the group to agree over for optimizers other than LionCub (LionCub uses its own).
+
+    Example:
+        With fp16 autocast (bf16 needs no scaler):
+
+            scaler = lioncub.GradScaler("cuda")
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = loss_fn(model(x), y)
+            scaler.scale(loss).backward()
+            scaler.unscale_(opt)          # only to clip
+            opt.clip_grad_norm_(1.0)
+            scaler.step(opt)              # every rank steps, or every rank skips
+            scaler.update()
+    """
 
     def __init__(self, device: str = "cuda", init_scale: float = 2.0**16, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, enabled: bool = True,
@@ -65,6 +90,12 @@ class GradScaler(torch.amp.GradScaler):
         return None if self._scale is None else self._scale.double().reciprocal().float()
 
     def unscale_(self, optimizer) -> None:
+        """Divide the scale out of the optimizer's gradients and agree with every rank whether any was inf/NaN.
+
+        Args:
+            optimizer: a `lioncub.LionCub` (agreed in its control message where it can) or any optimizer
+                (one 4-byte MAX all-reduce over `process_group`).
+        """
         if not self._enabled:
             return
         engine = _engine(optimizer)

@@ -99,8 +99,21 @@ def _local_entries(opt, meta: dict, mine: dict) -> dict:
 
 
 def save(path: str, model: torch.nn.Module, opt) -> None:
-    """Save `model` and LionCub `opt` to the DCP checkpoint directory `path`. Every rank of the optimizer's
-    process group must call it."""
+    """Save a model and its LionCub optimizer as one torch.distributed.checkpoint (DCP) directory.
+
+    The model is written once (replicated); each rank's momentum, statistics and (with local steps) residuals
+    go into that rank's own file. A save that did not finish cannot be loaded (DCP writes its metadata last).
+
+    Args:
+        path: the checkpoint directory.
+        model: the model the optimizer trains (its `state_dict()` is saved).
+        opt: the `lioncub.LionCub` optimizer.
+
+    Example:
+        Every rank of the optimizer's process group calls it (a collective):
+
+            lioncub.checkpoint.save(f"ckpt/{step}", model, opt)
+    """
     sd = opt.state_dict()
     extra = sd["lioncub"]
     meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
@@ -119,9 +132,27 @@ def save(path: str, model: torch.nn.Module, opt) -> None:
 
 
 def load(path: str, model: torch.nn.Module, opt) -> dict:
-    """Load a checkpoint written by `save` into `model` and `opt` (built as for the saved run, on any number
-    of ranks: see the module docstring for the policy). Every rank must call it. Returns what it did:
-    {saved_world_size, world_size, momenta: "own" | "rank0" | "average", step}."""
+    """Load a checkpoint written by `save` into a model and a LionCub optimizer, on any number of ranks.
+
+    On the saved world size every rank reads its own momentum (bit-exact). On another, every rank takes rank
+    0's momenta if they were identical, else the average of all the saved ranks' momenta, and logs which.
+    Checkpoints of the node layout or with local steps resume on the same world (and node) size only.
+
+    Args:
+        path: the directory `save` wrote.
+        model: the model, built as for the saved run.
+        opt: the `lioncub.LionCub` optimizer, built as for the saved run.
+
+    Returns:
+        What it did: `{"saved_world_size": int, "world_size": int, "momenta": "own" | "rank0" | "average",
+        "step": int}`.
+
+    Example:
+        Every rank, after building the model and the optimizer:
+
+            info = lioncub.checkpoint.load("ckpt/1000", model, opt)
+            print(info["step"], info["momenta"])
+    """
     meta = _load_model_and_meta(path, model, opt)
     if meta.get("node_size", 1) > 1 or opt.node_size > 1:
         return _load_shards(path, opt, meta)

@@ -2,7 +2,7 @@
 Lightning).
 
 `attach_ddp(ddp_model, opt)` registers a DDP communication hook that sends nothing: DDP's fp32 all-reduce is
-replaced by LionCub's own exchange, which runs during backward exactly as without DDP (lioncub.optim.overlap:
+replaced by LionCub's own exchange, which runs during backward exactly as without DDP (lioncub.optim.backward:
 LionCub's buckets, in backward's order, on LionCub's communication thread). Each parameter's final gradient
 is copied into LionCub's bucket by LionCub's hook, which runs before DDP's, so the update is bit-identical
 to LionCub without DDP, and DDP's bucketing (and its rebuild after the first iteration),
@@ -48,9 +48,28 @@ def unwrap_optimizer(opt):
 
 
 def attach_ddp(ddp_model, opt) -> None:
-    """Run LionCub's exchange inside a DistributedDataParallel model (see the module docstring). Call it
-    once, after wrapping and before the first backward; `opt` is a LionCub built on the wrapped model's
-    parameters (or a framework's wrapper of one)."""
+    """Run LionCub's exchange inside a torch DistributedDataParallel model instead of DDP's all-reduce.
+
+    DDP gets a communication hook that sends nothing; LionCub's own exchange runs during backward, so the update
+    is bit-identical to LionCub without DDP whatever DDP's options (`gradient_as_bucket_view`, `static_graph`,
+    `find_unused_parameters`, `no_sync()`). `.grad` keeps each rank's own gradient. Calling it again on the
+    same model does nothing.
+
+    Args:
+        ddp_model: the `torch.nn.parallel.DistributedDataParallel` model, already wrapped.
+        opt: a `lioncub.LionCub` built on `ddp_model.module.parameters()`, or a framework's wrapper of one
+            (accelerate's `AcceleratedOptimizer`, Lightning's `LightningOptimizer`).
+
+    Raises:
+        ValueError: `ddp_model` is not a DDP model, `opt` holds no LionCub, or their parameters differ.
+
+    Example:
+        Once, after wrapping and before the first backward:
+
+            model = torch.nn.parallel.DistributedDataParallel(net)
+            opt = lioncub.LionCub(model.module.parameters(), method="vote-1bit")
+            lioncub.attach_ddp(model, opt)
+    """
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise ValueError(f"attach_ddp needs a torch DistributedDataParallel model, got {type(ddp_model).__name__}")
     engine = unwrap_optimizer(opt).engine

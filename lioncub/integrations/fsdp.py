@@ -11,7 +11,7 @@ FSDP2 reduce-scatters each unit's gradients inside the node, which leaves each r
 shard; LionCub's method then runs across the replicate group on that shard (one bucket per unit, voted as soon
 as its reduce-scatter is done), and the agreed update is applied to FSDP's shards in place. The momentum lives
 with the shard: parameters, gradients and momenta take 1/G of their unsharded memory. The arithmetic is the
-hierarchical layout's (LionCub(hierarchical=True) on the unsharded model, with the same units as buckets), bit
+hierarchical layout's (LionCub(node_size=G) on the unsharded model, with the same units as buckets), bit
 for bit. Sharding on the 2-D mesh itself (FSDP2's native HSDP) would make FSDP all-reduce the gradients across
 nodes as well: shard on mesh["shard"], and LionCub's vote replaces that all-reduce.
 
@@ -48,8 +48,33 @@ def _shard_mesh(mesh):
 
 
 def attach_fsdp(model, opt, mesh) -> None:
-    """Train the FSDP2-sharded `model` with LionCub `opt` (built on model.parameters()) over `mesh` (see the
-    module docstring). Call it once, after fully_shard and before the first backward."""
+    """Train an FSDP2-sharded model with LionCub: HSDP with the method across nodes on each rank's shard.
+
+    FSDP2's reduce-scatter inside the node leaves each rank its shard of the node's mean gradient; LionCub's
+    method runs across the mesh's "replicate" dimension on that shard and applies the agreed update to FSDP's
+    shards in place. Bit-identical to `LionCub(node_size=G)` on the unsharded model with the same units as
+    param groups; parameters, gradients and momenta take 1/G of a replica's memory.
+
+    Args:
+        model: the model after `fully_shard`, each unit sharded on `mesh["shard"]` only.
+        opt: a `lioncub.LionCub` built on `model.parameters()` (or a framework's wrapper of one).
+        mesh: the 2-D `DeviceMesh` of HSDP with dims `("replicate", "shard")`, or a 1-D mesh over every rank
+            (plain FSDP: only `method="allreduce"`, there are no replicas to vote).
+
+    Raises:
+        ValueError: no FSDP2 units, a unit sharded on another mesh, a mesh of another shape, or a compressed
+            method on a 1-D mesh.
+
+    Example:
+        Once, after `fully_shard` and before the first backward:
+
+            mesh = init_device_mesh("cuda", (nodes, G), mesh_dim_names=("replicate", "shard"))
+            for block in model.blocks:
+                fully_shard(block, mesh=mesh["shard"])
+            fully_shard(model, mesh=mesh["shard"])
+            opt = lioncub.LionCub(model.parameters(), method="vote-1bit")
+            lioncub.attach_fsdp(model, opt, mesh)
+    """
     from lioncub.integrations.ddp import unwrap_optimizer
 
     opt = unwrap_optimizer(opt)

@@ -1,7 +1,7 @@
 """The LionCub optimizer engine. The names are imported lazily, so that the torch-free parts
 (`lioncub.optim.schedules`) can be used without torch."""
 
-_LAZY = {"LionCub": "lioncub.optim.optimizer", "CommStats": "lioncub.optim.stats",
+_LAZY = {"LionCub": "lioncub.optim.optimizer", "CommStats": "lioncub.optim.stats", "LocalSteps": "lioncub.optim.local",
          "lion_step": "lioncub.optim.optimizer", "Lion": "lioncub.optim.lion"}
 
 __all__ = sorted(_LAZY)

@@ -9,6 +9,9 @@ Which parameters got no gradient: torch optimizers skip a parameter whose .grad 
 view, so after `zero(set_to_none=True)` (and at construction) a hook notes which gradients backward writes;
 `collect` finds the others whose gradient is None, or still the zero view (`unused`). The engine then agrees
 across ranks which no rank used, and leaves those untouched.
+
+The node layout shards each bucket over the G ranks of a node as FSDP2 shards parameters (`RowShards`). When
+step() itself communicates, adjacent buckets are exchanged as one (`Run`, `plan`; below).
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ import torch
 
 from lioncub import kernels
 from lioncub.comm import wire
-from lioncub.optim.nodes import RowShards
 
 # Every bucket starts on a multiple of this many elements: where the kernels start their pieces (64, CPU) and
-# tiles (4096, GPU), so a run of adjacent buckets is cut exactly as each bucket is (lioncub.optim.runs). At most
+# tiles (4096, GPU), so a run of adjacent buckets is cut exactly as each bucket is (`Run`). At most
 # 16 KiB of fp32 padding per bucket.
 BUCKET_ALIGN = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -48,7 +50,7 @@ class Bucket:
         self.p, self.g, self.m = p, g, m  # flat views (m: this rank's shard in the node layout)
         self.offsets = offsets  # segment boundaries, one segment per parameter tensor
         self.n = p.numel()
-        self.shards = shards  # node layout: how the node shards the bucket (lioncub.optim.nodes.RowShards)
+        self.shards = shards  # node layout: how the node shards the bucket (RowShards)
         self.shard = m.numel()
         size = p.element_size()  # where each parameter's .data and .grad views start (checked every step)
         self.data_ptrs = [p.data_ptr() + size * s for s in offsets[:-1]]
@@ -66,6 +68,58 @@ class Bucket:
     def segments(self):
         """(index, parameter, start, end) of each parameter in the bucket."""
         return ((i, p, s, e) for i, (p, s, e) in enumerate(zip(self.params, self.offsets[:-1], self.offsets[1:])))
+
+
+class RowShards:
+    """FSDP2's sharding of a bucket over the G ranks of a node: parameter i (elements [offsets[i],
+    offsets[i+1]) of the bucket, `shapes[i]`) is split on dim 0 into chunks of ceil(rows / G) rows (torch.chunk:
+    the last chunks shorter, or empty), each padded with zeros to that many rows; shard j is chunk j of every
+    parameter, in bucket order. `pieces[j]`: (bucket start, elements, shard offset) of each chunk's rows."""
+
+    def __init__(self, shapes: list, offsets: list[int], G: int):
+        self.G, self.offsets = G, offsets
+        self.pieces: list[list[tuple[int, int, int]]] = [[] for _ in range(G)]
+        self.padded: list[int] = []  # per parameter: its elements in every shard
+        at = 0
+        for shape, start, end in zip(shapes, offsets[:-1], offsets[1:]):
+            rows = shape[0] if len(shape) else 1
+            cols = (end - start) // rows if rows else 0
+            per = -(-rows // G)
+            for j in range(G):
+                lo, hi = min(j * per, rows), min((j + 1) * per, rows)
+                self.pieces[j].append((start + lo * cols, (hi - lo) * cols, at))
+            self.padded.append(per * cols)
+            at += per * cols
+        self.size = at
+
+    def gather(self, flat: torch.Tensor, j: int, out: torch.Tensor) -> torch.Tensor:
+        """Shard j of the bucket-ordered `flat` into `out` (its `size` elements; the padding zero)."""
+        out.zero_()
+        for start, n, at in self.pieces[j]:
+            if n:
+                out[at : at + n].copy_(flat[start : start + n])
+        return out
+
+    def scatter(self, shard: torch.Tensor, j: int, flat: torch.Tensor) -> None:
+        """The real elements of shard j back into the bucket-ordered `flat`."""
+        for start, n, at in self.pieces[j]:
+            if n:
+                flat[start : start + n].copy_(shard[at : at + n])
+
+    def segments(self, j: int) -> list[int]:
+        """The boundaries inside shard j of each parameter's chunk and, where there is one, its padding (one
+        segment each: the L1 codec's scale is per segment)."""
+        bounds = [0]
+        for (_, n, at), padded in zip(self.pieces[j], self.padded):
+            for end in (at + n, at + padded):
+                if end > bounds[-1]:
+                    bounds.append(end)
+        return bounds
+
+    def where(self, i: int, j: int) -> tuple[int, int]:
+        """(shard offset, elements) of parameter i's rows in shard j."""
+        _, n, at = self.pieces[j][i]
+        return at, n
 
 
 class BucketSet:
@@ -331,3 +385,80 @@ def bounds(members) -> list[int]:
 def version_of(t: torch.Tensor | None) -> int | None:
     """torch's in-place write counter of a tensor (autograd's own check), None for no tensor."""
     return None if t is None else t._version
+
+
+# --- runs: adjacent buckets exchanged as one when nothing can overlap ------------------------------------
+#
+# The automatic buckets (about 8 of 1-25 MiB, lioncub.comm.wire.auto_bucket_mb) are cut so that the first ones'
+# exchange overlaps the rest of backward. When step() itself communicates (overlap=False, or gradients set
+# without a backward), nothing overlaps and every extra bucket only adds its collectives' fixed costs, so
+# step() exchanges runs of adjacent buckets of up to wire.STEP_RUN_MB as one.
+#
+# A run is its buckets' own memory: they lie back to back in one flat buffer per param group, dtype and device,
+# each starting on a multiple of BUCKET_ALIGN elements, where the kernels start their pieces and tiles; a gap
+# between two buckets is a segment of its own (zero gradient, zero momentum, no parameter). Every method's code
+# is per coordinate and its L1 scales are per segment, so each coordinate gets the bits it gets when its bucket
+# is exchanged alone, in fewer collectives (tested). Only the agreement statistic differs: it samples the run.
+# The dense method's fp32 all-reduce of a run sums each coordinate in another order than its bucket's (the
+# collective cuts its buffer into per-rank chunks), so a dense step over runs is equal to rounding, and, as
+# always, identical on every rank.
+
+
+class Run:
+    """Buckets `members` (consecutive indices, back to back in memory) as one exchange: the fields of a
+    Bucket that an exchange, the codec and the update read."""
+
+    shards = None
+
+    def __init__(self, buckets, members: list[int]):
+        first, last = buckets[members[0]], buckets[members[-1]]
+        P, G, M = first.base
+        lo, hi = first.start, last.start + last.n
+        self.members, self.group_index, self.order = tuple(members), first.group_index, first.order
+        self.p, self.g, self.m = P[lo:hi], G[lo:hi], M[lo:hi]
+        self.n = self.shard = hi - lo
+        bounds, self._parts = [0], []  # _parts, in order: each bucket's index, None for the padding before one
+        for k in members:
+            b = buckets[k]
+            at = b.start - lo
+            if at > bounds[-1]:
+                bounds.append(at)  # the padding before bucket k: a segment of its own
+                self._parts.append(None)
+            bounds += [at + o for o in b.offsets[1:]]
+            self._parts.append(k)
+        self.offsets = bounds
+
+    def joined(self, per_bucket: list) -> torch.Tensor:
+        """A per-segment tensor of the run from its buckets' (`per_bucket[k]`: one value per parameter tensor of
+        bucket k), 0 for the padding between them."""
+        zero = per_bucket[self.members[0]].new_zeros(1)
+        return torch.cat([zero if k is None else per_bucket[k] for k in self._parts])
+
+
+def plan(buckets, cap_bytes: int) -> list[list[int]] | None:
+    """The runs of `buckets` (lists of bucket indices, ordered by their first bucket), each at most `cap_bytes`
+    of parameters unless one bucket alone is larger; None where the buckets are not flat slices of shared
+    buffers (node layout, FSDP). Param groups and dtypes interleave in backward's order, so a run collects the
+    next buckets of its own buffer."""
+    if not buckets or any(b.base is None for b in buckets):
+        return None
+    runs: list[list[int]] = []
+    open_runs: dict[int, tuple[list[int], int]] = {}  # buffer -> (its latest run, that run's bytes)
+    for k, b in enumerate(buckets):
+        run, size = open_runs.get(id(b.base[0]), (None, 0))
+        if run is not None and b.start == _align_up(buckets[run[-1]].start + buckets[run[-1]].n) \
+                and size + _bytes(b) <= cap_bytes:
+            run.append(k)
+        else:
+            run, size = [k], 0
+            runs.append(run)
+        open_runs[id(b.base[0])] = (run, size + _bytes(b))
+    return runs
+
+
+def _bytes(b) -> int:
+    return b.n * b.p.element_size()
+
+
+def _align_up(n: int) -> int:
+    return -(-n // BUCKET_ALIGN) * BUCKET_ALIGN

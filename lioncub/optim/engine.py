@@ -1,45 +1,208 @@
-"""The engine behind LionCub: the objects one optimizer's exchanges need, and the small public API that
-everything driving it uses (the optimizer's step(), the overlap hooks, torch DDP, the loss scaler, clipping).
+"""The engine behind LionCub: the state of one optimizer's exchanges and one step end to end. The optimizer's
+step(), the overlap hooks, torch DDP, the loss scaler and clipping all drive it through its public methods.
 
     buckets   BucketSet: parameters, gradients and momenta in flat buffers (lioncub.optim.buckets)
     layout    FlatLayout / NodeLayout: the process group and how ranks vote (lioncub.optim.layout)
-    phase     Phase: which method runs at each step (lioncub.optim.phase)
+    phase     Phase: which method runs at each step (below)
     schedule  when momenta are averaged (lioncub.optim.schedules)
-    pending   the ExchangePass of the coming step, if one ran before step() (lioncub.optim.passes)
-    overlap   the backward hooks and communication thread (lioncub.optim.overlap), or None
+    pending   the ExchangePass of the coming step, if one ran before step() (below)
+    overlap   the backward hooks and communication thread (lioncub.optim.backward.Overlap), or None
     backward_check   the non-finite check taken during backward where no overlap pass reads the gradients
-              (lioncub.optim.finite), or None
+              (lioncub.optim.backward.BackwardCheck), or None
+
+What step() does, by kind of step (`Engine.step`):
+
+    local        one rank: plain Lion on its gradients
+    dense        the dense method: average the gradients (unless a pass did), then Lion on the mean
+    compressed   communicate inside step(): agree on the non-finite flag first, then per bucket encode
+                 (the momentum update fused in), exchange and apply
+    apply_pass   apply what a pass agreed during backward, with the deferred momentum update
+Every kind ends in `record` (statistics); the compressed ones first in `_finish` (agreement, momentum sync).
+A non-finite gradient on any rank makes every rank skip the step (`_skip`), momenta unchanged.
+
+Exchange passes (`ExchangePass`): the gradients of one step, encoded and exchanged by every rank before step()
+applies them, during backward (lioncub.optim.backward) or right before step() (`average_now`, for a dense step
+whose mean clipping or the loss scaler must read first). A pass says whether step() may still apply it
+(`current`). `exchange_bucket` runs one bucket of a pass through the method's encode pipeline; `end_pass` ends a
+pass with the step's control message (the ranks' non-finite count and sum of squared gradients, in one message).
+
+The phase (`Phase`): which method runs at each step. A dense start is just the baseline method for a while, as
+PowerSGD's warm-up is the default all-reduce hook: LionCub(dense_warmup=K) and the adaptive guard's start
+(schedules.Adaptive) run the dense method first, then the chosen one.
+
+Steps skipped on the device (`DeviceSkips`): alone on a GPU (world size 1), step() decides whether the gradients
+are finite on the device (kernels.nonfinite_flag, read by the update kernel) instead of reading the answer back:
+a read-back waits for everything queued before it, which leaves every later kernel launch exposed. The flag
+comes back behind an event, and the step is counted as skipped once it has arrived.
+
+The ranks' replicas (`check_replicas`): whether every rank brought the same gradients to a step. They should
+differ: each rank reads its own data. The same gradients everywhere mean a model wrapped in
+DistributedDataParallel, whose all-reduce already averaged them (LionCub then exchanges the mean again, and the
+step costs DDP's fp32 all-reduce and LionCub's exchange), or every rank reading the same data (N ranks doing one
+rank's work). Neither corrupts anything, and nothing else shows it, so the run's first compressed step (after any
+dense start; a run resumed before it checks there too) sends one 32-byte MAX all-reduce and warns once; the
+result is identical on every rank and changes nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import weakref
+from dataclasses import dataclass, field
 
 import torch
 
-from lioncub import methods
+from lioncub import kernels, methods
 from lioncub.comm import wire
-from lioncub.comm.transport import any_rank, own_group, used_anywhere
-from lioncub.optim import passes, runs, schedules
-from lioncub.optim.buckets import BucketSet
-from lioncub.optim.finite import BackwardCheck
+from lioncub.comm.transport import agree_control, any_rank, own_group, used_anywhere
+from lioncub.optim import schedules
+from lioncub.optim.backward import BackwardCheck, Overlap
+from lioncub.optim.buckets import BucketSet, Run
+from lioncub.optim.buckets import plan as plan_runs
 from lioncub.optim.layout import make_layout
-from lioncub.optim.overlap import Overlap
-from lioncub.optim.passes import ExchangePass, LossScale
-from lioncub.optim.phase import Phase
 from lioncub.optim.sharded import ShardedBucketSet, ShardedLayout
-from lioncub.optim.skips import DeviceSkips
-from lioncub.optim.stats import CommStats
+from lioncub.optim.stats import Clock, CommStats
 
 log = logging.getLogger("lioncub")
 
 
+class Phase:
+    """Which method runs at each step: `method` after a dense start of max(dense_warmup, guard_start) steps."""
+
+    def __init__(self, method, dense_warmup: int = 0, guard_start: int = 0):
+        self.method, self.dense_warmup, self.guard_start = method, dense_warmup, guard_start
+        self.dense_method = methods.get(methods.BASELINE)
+
+    def method_at(self, step: int):
+        """The method of step `step` (1-based)."""
+        return self.dense_method if step <= max(self.dense_warmup, self.guard_start) else self.method
+
+    @property
+    def first_compressed_step(self) -> int | None:
+        return None if self.method.dense else max(self.dense_warmup, self.guard_start) + 1
+
+    def charges_guard(self, step: int) -> bool:
+        """Whether a dense step's bytes count against the adaptive guard's budget (its own start, not the
+        warm-up the user asked for)."""
+        return self.dense_warmup < step <= self.guard_start
+
+
+class DeviceSkips:
+    """The flags of steps whose skip was decided on the device, until they are known on the host."""
+
+    def __init__(self):
+        self.pending: list[tuple[int, torch.Tensor, object]] = []
+
+    def add(self, step: int, flag: torch.Tensor) -> None:
+        if flag.is_cuda:
+            host = torch.empty((), dtype=flag.dtype, pin_memory=True)
+            host.copy_(flag, non_blocking=True)
+            arrived = torch.cuda.Event()
+            arrived.record()
+            self.pending.append((step, host, arrived))
+        else:
+            self.pending.append((step, flag, None))
+
+    def arrived(self, wait: bool = False) -> list[int]:
+        """The skipped steps among those whose flags have arrived (all of them with `wait`), in order."""
+        skipped, left = [], []
+        for step, flag, arrived in self.pending:
+            if arrived is not None and not wait and not arrived.query():
+                left.append((step, flag, arrived))
+                continue
+            if arrived is not None:
+                arrived.synchronize()
+            if int(flag):
+                skipped.append(step)
+        self.pending = left
+        return skipped
+
+
+@dataclass
+class LossScale:
+    """The loss scale a pass divided out of the gradients before the codec read them (lioncub.GradScaler):
+    its generation (bumped whenever the scale may change) and 1/scale as torch's unscale_ computes it."""
+
+    generation: int
+    inv_scale: torch.Tensor
+
+
+@dataclass(eq=False)
+class ExchangePass:
+    step: int  # the optimizer step (1-based) these gradients are for
+    method: object  # the lioncub.methods.Method that exchanged them (dense: they are averaged in place)
+    overlapped: bool  # exchanged during backward (True), or by `average` before step()
+    codes: list = field(default_factory=list)  # per bucket: the agreed code (compressed methods)
+    finite: list = field(default_factory=list)  # per bucket: the pre-pass's 0-dim "all finite" flags
+    collectives: list = field(default_factory=list)
+    quantize_s: float = 0.0
+    comm_s: float = 0.0
+    exposed_s: float = 0.0  # what the loop waited for: backward's end, or the whole average
+    nonfinite_ranks: int = 0  # ranks that saw a non-finite gradient (from the control message)
+    bad: int = 0  # nonfinite_ranks if the step is to be skipped for them, else 0
+    scale: LossScale | None = None
+    scale_confirmed: bool = False  # the scaler then unscaled .grad by exactly this scale
+    sumsq: torch.Tensor | None = None  # this rank's running sum of squared gradients (clipping wants it)
+    sumsq_total: float | None = None  # the sum over ranks, from the control message
+    versions: list | None = None  # the gradient buffers' versions when the pass ended
+    stale: bool = False  # the gradients were rescaled after the pass (clipping, the scaler)
+    untouched: frozenset = frozenset()  # (bucket, index) of the parameters no rank gave a gradient
+
+    def current(self, step: int, buckets, allow_unconfirmed_scale: bool = False) -> bool:
+        """Whether step `step` may apply this pass as it stands: its step, not rescaled since, a loss scale
+        that the scaler confirmed, and (where the pass read them: a vote, or an average taken before step())
+        the gradients unchanged. Averaged gradients of an overlapped dense pass may be clipped or read after
+        backward, as with DDP."""
+        if self.step != step or self.stale:
+            return False
+        if self.scale is not None and not (self.scale_confirmed or allow_unconfirmed_scale):
+            return False
+        if self.method.dense and self.overlapped:
+            return True
+        return buckets.as_exchanged(self.versions)
+
+
+def sum_squares(g: torch.Tensor) -> torch.Tensor:
+    """A bucket's sum of squares as a 0-dim float64 tensor (its fp32 norm, squared in fp64)."""
+    return torch.linalg.vector_norm(g, dtype=torch.float32).double().square()
+
+
+def total_sum_squares(buckets) -> torch.Tensor:
+    """The sum over buckets, in bucket order: the same arithmetic as a pass's running sum."""
+    total = torch.zeros((), dtype=torch.float64, device=buckets.device)
+    for b in buckets:
+        total = total + sum_squares(b.g).to(total.device)
+    return total
+
+
+def nonfinite_flag(flags: list):
+    """1 if any of the pre-pass's finite flags (0-dim bool tensors) is false, else 0, as a 0-dim tensor:
+    nothing waits for the device until the control message is read; summed over ranks it counts ranks."""
+    return torch.stack(flags).logical_not().any().long() if flags else 0
+
+
+SAME_GRADIENTS_WARNING = (
+    "LionCub: every rank brought the same gradients to step %d: a model wrapped in DistributedDataParallel "
+    "(its all-reduce already averaged them: build LionCub on the unwrapped model, or call "
+    "lioncub.attach_ddp(model, opt)) or every rank reading the same data (shard it, e.g. DistributedSampler)")
+
+
+def fingerprint(grads) -> torch.Tensor:
+    """[sum, sum of magnitudes] of the gradients in float64: bit-equal gradients give bit-equal figures."""
+    out = torch.zeros(2, dtype=torch.float64)
+    for g in grads:
+        out += torch.stack([g.sum(dtype=torch.float64), g.abs().sum(dtype=torch.float64)]).cpu()
+    return out
+
+
 class Engine:
+    """One optimizer's exchanges: its state (the module's docstring lists it) and `step`, one step end to end."""
+
     def __init__(self, param_groups: list, state, *, method, levels, momentum_sync, process_group, bucket_mb,
-                 grad_wire_dtype, skip_nonfinite: bool, overlap: bool, dense_warmup: int, hierarchical: bool,
-                 node_size, sharding=None):
+                 grad_wire_dtype, skip_nonfinite: bool, overlap: bool, dense_warmup: int, node_size,
+                 sharding=None):
         spec = methods.get(method)
         self.spec, self._levels_arg = spec, levels
         self.wire_dtype = str(grad_wire_dtype).removeprefix("torch.")
@@ -50,7 +213,7 @@ class Engine:
             self.layout = ShardedLayout(process_group, sharding)
         else:
             device = next((p.device for g in param_groups for p in g["params"]), torch.device("cpu"))
-            self.layout = make_layout(process_group, hierarchical, node_size, spec, device)
+            self.layout = make_layout(process_group, node_size, spec, device)
         self.levels = spec.resolve_levels(self.layout.voters, levels)
         self.schedule = schedules.resolve(momentum_sync)
         guard = 0 if spec.dense else self.schedule.start_steps([g["betas"] for g in param_groups])
@@ -74,7 +237,7 @@ class Engine:
         self._scaler = None  # weakref to the lioncub.GradScaler whose scale passes divide out
         self._scratch: dict = {}
         self.warned_regrad = False
-        self.ddp_alongside = False  # a torch DDP model LionCub is not attached to wraps the parameters (overlap.py)
+        self.ddp_alongside = False  # a torch DDP model LionCub is not attached to wraps the parameters (backward.py)
         self.side_collectives: list = []  # sent this step outside its kind's exchange (the statistics add them)
         self.local_checks = False  # local steps (lioncub.optim.local) check this rank's own gradients each step
         self._overlap_wanted = overlap
@@ -118,12 +281,12 @@ class Engine:
 
     def step_units(self, method) -> tuple[list, list]:
         """(units, their exchanges) for a step that communicates in step(), where nothing overlaps: runs of
-        adjacent automatic buckets (lioncub.optim.runs, flat layout only), else the BucketSet itself."""
+        adjacent automatic buckets (lioncub.optim.buckets.Run, flat layout only), else the BucketSet itself."""
         n = len(self.buckets)
         if self._runs is None or self._runs[0] != n:
-            plan = runs.plan(self.buckets.buckets, self._run_bytes) if self._run_bytes else None
+            plan = plan_runs(self.buckets.buckets, self._run_bytes) if self._run_bytes else None
             self._runs = (n, None if plan is None or len(plan) == n else
-                          [self.buckets[m[0]] if len(m) == 1 else runs.Run(self.buckets, m) for m in plan])
+                          [self.buckets[m[0]] if len(m) == 1 else Run(self.buckets, m) for m in plan])
         units = self._runs[1]
         if units is None:
             return self.buckets, [self.exchange_of(k, method) for k in range(n)]
@@ -156,11 +319,51 @@ class Engine:
             p.sumsq = torch.zeros((), dtype=torch.float64, device=self.buckets.device) if self.wants_sumsq else None
         return p
 
+    @torch.no_grad()
     def exchange_bucket(self, k: int, p: ExchangePass, captured: bool = False) -> None:
-        passes.exchange(self, k, p, captured)
+        """Bucket k of pass p (buckets come in order): collect its gradients (unless `captured` already copied
+        them), then for a dense method average them in place; for a compressed one encode them (divided by the
+        loss scale; the momentum update deferred until the ranks agree to take the step) and exchange."""
+        buckets, layout = self.buckets, self.layout
+        b = buckets[k]
+        t0 = time.perf_counter()
+        if not captured:
+            buckets.collect(k)
+        x = self.exchange_of(k, p.method)
+        if not p.method.dense:
+            inv = None if p.scale is None else p.scale.inv_scale.to(b.g.device)
+            local = b.g
+            if inv is not None and (layout.codec_reads_local or p.sumsq is not None):
+                local = torch.mul(b.g, inv, out=self.scratch(b))
+            if p.sumsq is not None:
+                p.sumsq = p.sumsq + sum_squares(local)
+            g, offsets, comm_s = layout.codec_input(b, x, local, inv)
+            p.comm_s, t0 = p.comm_s + comm_s, t0 + comm_s
+            h = buckets.hyper(b)
+            p.finite.append(x.encode(g, b.m, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
+                                     zero_parity=self.zero_parity(p.step), update_momentum=False))
+        t1 = time.perf_counter()
+        p.codes.append(x())
+        p.quantize_s += t1 - t0
+        p.comm_s += time.perf_counter() - t1
+        p.collectives += x.collectives
 
     def end_pass(self, p: ExchangePass) -> None:
-        passes.agree(self, p)
+        """The end of a pass: agree on the non-finite count (compressed methods: a dense one checks the mean),
+        the sum of squared gradients and which parameters no rank gave a gradient, in one message, and note the
+        gradients' versions, so step() can tell whether they changed since."""
+        t0 = time.perf_counter()
+        flag = 0 if p.method.dense else nonfinite_flag(p.finite)
+        count, total, unused = agree_control(flag, p.sumsq, self.layout.group, self.buckets.device,
+                                             len(self.buckets.unused))
+        p.collectives.append(wire.CONTROL)
+        p.untouched = self.untouched(unused, p.collectives)
+        if not p.method.dense:
+            p.nonfinite_ranks = count
+            p.bad = count if self.skip_nonfinite else 0
+            p.sumsq_total = None if p.sumsq is None else total
+        p.comm_s += time.perf_counter() - t0
+        p.versions = self.buckets.versions()
 
     def untouched(self, unused_total: int, collectives: list) -> frozenset:
         """The parameters no rank gave a gradient this step, as (bucket, index), given the control message's
@@ -227,6 +430,230 @@ class Engine:
             p.versions = self.buckets.versions()
         else:
             p.stale = True
+
+    # --- the step ---------------------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def step(self, timing: bool) -> None:
+        """Step self.steps + 1 on the gradients in the buckets (or a pass that already exchanged them)."""
+        began = time.perf_counter()
+        self.count_device_skips()
+        self.steps += 1
+        self.stats.steps += 1
+        self.buckets.adopt_moved_params()
+        method = self.method_at(self.steps)
+        done = self.take_pass()
+        overlapped = done is not None and done.overlapped
+        self.stats.overlapped_steps += overlapped
+        self.stats.last_backward_wait_s = done.exposed_s if overlapped else 0.0
+        if done is None or (method.dense and not self.buckets.private):
+            self.buckets.collect()
+        if self.steps == self.phase.first_compressed_step and not self.ddp_alongside:
+            self.check_replicas()  # (the buckets hold this rank's own gradients)
+        clock = Clock(timing and self.buckets.is_cuda)
+        if method.dense:
+            self._dense_step(clock, done)
+        elif self.world_size == 1:
+            self._local_step(clock)
+        elif done is not None:
+            self._apply_pass(clock, done)
+        else:
+            self._compressed_step(clock)
+        self.buckets.end_step()
+        if timing:
+            self.stats.tick(began)
+
+    @contextlib.contextmanager
+    def keep(self, untouched: frozenset):
+        """Leave the parameters no rank gave a gradient (and their momenta) as they are, as torch optimizers skip
+        a .grad of None: their values are put back after the update, which ran on whole buckets."""
+        if not untouched:
+            yield
+            return
+        views = []
+        for k, i in sorted(untouched):
+            b = self.buckets[k]
+            views += [b.param_view(i), self.layout.momentum_piece(b, i)]
+        saved = [v.clone() for v in views]
+        yield
+        for v, copy in zip(views, saved):
+            v.copy_(copy)
+
+    def _local_step(self, clock) -> None:
+        """Plain Lion; a non-finite gradient makes the update kernels write nothing, decided on the device
+        (DeviceSkips: on a GPU the count comes back later, without draining the queue)."""
+        t0 = clock()
+        buckets = self.buckets
+        flag = kernels.nonfinite_flag(self.finite_flags()) if self.skip_nonfinite and len(buckets) else None
+        with self.keep(self.untouched(len(buckets.unused), [])):
+            self.layout.dense_step(buckets, skip=flag)
+        self.record((), apply_s=clock() - t0)
+        if flag is not None:
+            self.skips.add(self.steps, flag)
+            self.count_device_skips(wait=not buckets.is_cuda)
+
+    def count_device_skips(self, wait: bool = False) -> None:
+        """Count (and report) the steps skipped on the device whose flags have come back."""
+        for step in self.skips.arrived(wait):
+            self.stats.skipped_steps += 1
+            if self.rank == 0:
+                log.warning("LionCub: step %d skipped (non-finite gradient); %d skipped so far", step,
+                            self.stats.skipped_steps)
+
+    def _dense_step(self, clock, done=None) -> None:
+        t0 = clock()
+        if done is not None:  # a pass averaged the gradients
+            collectives, comm, exposed, untouched = done.collectives, done.comm_s, done.exposed_s, done.untouched
+        else:
+            collectives, unused = [], len(self.buckets.unused)
+            if self.world_size > 1:
+                for x in self.step_units(self.phase.dense_method)[1]:  # (runs: a larger sum, in another order)
+                    x()
+                    collectives += x.collectives
+                _, _, unused = agree_control(0, None, self.group, self.buckets.device, unused)
+                collectives.append(wire.CONTROL)
+            untouched = self.untouched(unused, collectives)
+            comm = exposed = clock() - t0
+        t1 = clock()
+        # the reduced gradients are identical on all ranks, so this check agrees without a message
+        if self.skip_nonfinite and not self._all_finite():
+            return self._skip("non-finite gradient", collectives, comm, exposed)
+        with self.keep(untouched):
+            collectives = list(collectives) + self.layout.dense_step(self.buckets)
+        self.momenta_identical = True  # (a dense warm-up step) every rank applied the same mean gradient
+        t2 = clock()
+        if self.phase.charges_guard(self.steps):
+            self.schedule.spend(self.credit_bytes(collectives))
+        self.record(collectives, comm_s=comm, apply_s=t2 - t1, exposed_s=exposed)
+
+    def _compressed_step(self, clock) -> None:
+        """Per unit (a bucket, or a run of adjacent buckets: lioncub.optim.buckets.Run): 1. the pre-pass (the node
+        layout first reduces inside the node); 2. the control message (non-finite count, parameters without a
+        gradient); 3. encode with the momentum update fused in, exchange, apply."""
+        buckets, layout = self.buckets, self.layout
+        units, xs = self.step_units(self.spec)
+        seconds = dict(quantize=0.0, comm=0.0, apply=0.0)
+        prepared, early = [], self._pre_pass_from_backward(units, xs)
+        flags = [] if early is None else [early[0]]
+        for j, (b, x) in enumerate(zip(units, xs)):
+            t0 = clock()
+            g, offsets, _ = layout.codec_input(b, x, b.g)
+            t1 = clock()
+            if early is None:
+                ok, mult = x.prepare(g, b.m, beta1=buckets.hyper(b).beta1, offsets=offsets)
+                flags.append(ok)
+            else:
+                mult = early[1][j]
+            prepared.append((g, offsets, mult))
+            seconds["comm"] += t1 - t0
+            seconds["quantize"] += clock() - t1
+        collectives = [c for x in xs for c in x.collectives if c.op == "reducescatter"] + [wire.CONTROL]
+        t1 = clock()
+        bad, _, unused = agree_control(nonfinite_flag(flags), None, layout.group, buckets.device, len(buckets.unused))
+        bad = bad if self.skip_nonfinite else 0
+        untouched = self.untouched(unused, collectives)
+        seconds["comm"] += clock() - t1
+        if bad:
+            return self._skip(f"{bad} rank(s) saw a non-finite gradient", collectives, seconds["comm"])
+        codes = []
+        with self.keep(untouched):
+            for b, x, (g, offsets, mult) in zip(units, xs, prepared):
+                h = buckets.hyper(b)
+                ta = clock()
+                x.pack(g, b.m, mult, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
+                       zero_parity=self.zero_parity(self.steps))
+                tb = clock()
+                codes.append(x())
+                tc = clock()
+                layout.apply(b, x, codes[-1], h)
+                seconds["quantize"] += tb - ta
+                seconds["comm"] += tc - tb
+                seconds["apply"] += clock() - tc
+                collectives += [c for c in x.collectives if c.op != "reducescatter"]
+        self._finish(clock, xs, codes, collectives, quantize_s=seconds["quantize"], comm_s=seconds["comm"],
+                     apply_s=seconds["apply"], units=units)
+
+    def _all_finite(self) -> bool:
+        """Every gradient finite (one host sync): at world size 1 from the flags backward took where they hold; else
+        the buckets as they are now (after an average: the mean)."""
+        return self.grads_finite() if self.world_size == 1 else self.buckets.all_finite()
+
+    def _pre_pass_from_backward(self, units, xs):
+        """The pre-pass backward took, if the codec reads this rank's own gradients and it holds: (the check, per
+        unit the L1 multipliers or None); else None."""
+        if self.backward_check is None or not self.layout.codec_reads_local or not xs:
+            return None
+        return self.backward_check.taken(self.buckets, units, xs[0])
+
+    def _apply_pass(self, clock, done) -> None:
+        """Apply what backward agreed on, with the deferred momentum update."""
+        if done.bad:
+            return self._skip(f"{done.bad} rank(s) saw a non-finite gradient", done.collectives, done.comm_s,
+                              done.exposed_s)
+        t0 = clock()
+        xs = [self.exchange_of(k, self.spec) for k in range(len(self.buckets))]
+        with self.keep(done.untouched):
+            for b, x, code in zip(self.buckets, xs, done.codes):
+                self.layout.apply(b, x, code, self.buckets.hyper(b), deferred=True)
+        self._finish(clock, xs, done.codes, list(done.collectives), quantize_s=done.quantize_s, comm_s=done.comm_s,
+                     apply_s=clock() - t0, exposed_s=done.exposed_s)
+
+    def _finish(self, clock, xs, codes, collectives, *, quantize_s, comm_s, apply_s, exposed_s=None,
+                units=None) -> None:
+        """After a compressed step (over `units`, default the buckets): its agreement, the momentum sync if one is
+        due, the statistics."""
+        self.momenta_identical = False
+        stats, layout = self.stats, self.layout
+        units = self.buckets if units is None else units
+        stats.last_agreement = layout.agreement(self.spec.codec, units, xs, codes, self.levels)
+        due = self.schedule.decide(self.steps, stats.last_agreement,
+                                   self.credit_bytes(self.side_collectives + collectives),
+                                   self.credit_bytes(layout.sync_collectives(self.buckets)))
+        sync_s = 0.0
+        if due:
+            ts = clock()
+            collectives += self.sync_momentum()
+            sync_s = clock() - ts
+        self.record(collectives, quantize_s=quantize_s, comm_s=comm_s, apply_s=apply_s, sync_s=sync_s,
+                    exposed_s=None if exposed_s is None else exposed_s + sync_s)
+
+    def _skip(self, why: str, collectives=(), comm_s: float = 0.0, exposed_s: float | None = None) -> None:
+        self.stats.skipped_steps += 1
+        self.record(collectives, comm_s=comm_s, exposed_s=exposed_s)
+        if self.rank == 0:
+            log.warning("LionCub: step %d skipped on all ranks (%s); %d skipped so far",
+                        self.steps, why, self.stats.skipped_steps)
+
+    def record(self, collectives, *, quantize_s=0.0, comm_s=0.0, apply_s=0.0, sync_s=0.0, exposed_s=None) -> None:
+        collectives, self.side_collectives = self.side_collectives + list(collectives), []
+        sent, recv = self.layout.traffic(collectives)
+        self.stats.record(sent, recv, len(collectives), quantize_s, comm_s, apply_s, sync_s, exposed_s,
+                          self.layout.node_bytes(collectives))
+
+    def credit_bytes(self, collectives) -> int:
+        """The bytes the adaptive guard's credit counts: those that leave the node (all of them in the flat
+        layout). In the node layout the node's fp32 reduce-scatter would otherwise earn credit for momentum
+        syncs, which cross the slow links."""
+        return self.layout.traffic(collectives)[0] - self.layout.node_bytes(collectives)
+
+    def finite_flags(self) -> list:
+        """Per bucket, whether all its gradients are finite (0-dim bool tensors, no host sync): the flag backward
+        took where it still holds, else a read of the bucket now."""
+        buckets = self.buckets
+        early = self.backward_check.flags(buckets) if self.backward_check else [None] * len(buckets)
+        return [kernels.finite_flag(b.g) if f is None else f for f, b in zip(early, buckets)]
+
+    def grads_finite(self) -> bool:
+        """Whether every gradient of this rank is finite (one host sync), from finite_flags."""
+        return not bool(kernels.nonfinite_flag(self.finite_flags())) if len(self.buckets) else True
+
+    def check_replicas(self) -> None:
+        """On a run's first compressed step: warn (rank 0) if every rank's gradients are the same (the layout
+        decides where that can be told: not with one rank, nor where the buckets hold shards)."""
+        same, collectives = self.layout.same_gradients(fingerprint(b.g for b in self.buckets), self.buckets.device)
+        self.side_collectives += collectives
+        if same and self.rank == 0:
+            log.warning(SAME_GRADIENTS_WARNING, self.steps)
 
     # --- the loss scaler (lioncub.GradScaler) -----------------------------------------------------------
 

@@ -2,14 +2,35 @@
 
 A schedule (a `Schedule`) answers `should_sync(step)` for step = 1, 2, ... It is a pure function of the step,
 so every rank decides the same way without talking. `Adaptive` decides from the ranks' agreement, a function
-of the agreed code that is identical on every rank (lioncub.optim.agreement), so it too decides alike without
+of the agreed code that is identical on every rank (`agreement`, below), so it too decides alike without
 talking.
+
+The agreement: how much the ranks agreed on a step, read off the agreed code (no extra communication).
+
+The statistic is a function of the agreed code alone, which is identical on every rank, so every rank
+computes the same number (`LionCub.stats.last_agreement`) and can take decisions on it without talking
+(`momentum_sync="adaptive"`). It is computed in torch on a strided sample of the code (about
+`SAMPLE` elements per bucket), beside the kernels, whose fast path it does not touch.
+
+* p-bit fields of votes (vote-pbit, avg-pbit): the vote margin |sum of signs| / N, averaged over the
+  sampled coordinates (1: every rank voted the same sign everywhere; 0: every coordinate tied).
+* p-bit fields of L1 levels (l1-pbit): |sum of levels| / (N s), the same margin weighted by each rank's
+  magnitude level (1: every rank at its top level with the same sign).
+* 1-bit votes (vote-1bit, vote-allgather): the agreed code holds only the majority sign and, for an even
+  N, the not-a-tie plane, so the margin is not there; the tie fraction is. With independent fair-coin votes
+  a share t0 = C(N, N/2) / 2^N of the coordinates tie (0.5 at N = 2, 0.375 at N = 4, 0.27 at N = 8), with
+  unanimous ranks none: agreement = 1 - ties / t0, clipped to [0, 1]. For an odd N nothing in the code
+  tells a 3:2 vote from a 5:0 one, and the statistic is None.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from lioncub.methods.base import LazyModule
+
+torch = LazyModule("torch")  # (only the agreement statistic needs it: the schedules are pure Python)
 
 
 class Schedule:
@@ -50,7 +71,16 @@ class Schedule:
 
 @dataclass(frozen=True)
 class EveryK(Schedule):
-    """Average momenta after every k-th step."""
+    """Average momenta after every k-th step.
+
+    Args:
+        k: the interval, in steps (an int >= 1).
+
+    Example:
+        >>> from lioncub import EveryK
+        >>> EveryK(20).sync_steps(60)
+        [20, 40, 60]
+    """
 
     k: int
 
@@ -70,7 +100,17 @@ class EveryK(Schedule):
 
 @dataclass(frozen=True)
 class FirstSteps(Schedule):
-    """Every k-th step, but only during the first `until` steps (sync early, then run free)."""
+    """Every k-th step, but only during the first `until` steps (sync early, then run free).
+
+    Args:
+        k: the interval, in steps (an int >= 1).
+        until: the last step that may sync (>= 0).
+
+    Example:
+        >>> from lioncub import FirstSteps
+        >>> FirstSteps(10, until=30).sync_steps(100)
+        [10, 20, 30]
+    """
 
     k: int
     until: int
@@ -96,7 +136,18 @@ class FirstSteps(Schedule):
 class Geometric(Schedule):
     """Dense early, sparser later: syncs at T_1, T_2, ... with T_0 = 0 and
     T_{j+1} = T_j + max(1, floor(growth ** (j / k))), optionally capped at max_interval. With growth 2
-    the interval doubles every k syncs (the Lion Cub authors' geometric schedule)."""
+    the interval doubles every k syncs (the Lion Cub authors' geometric schedule).
+
+    Args:
+        k: the syncs per doubling of the interval (> 0; with growth 2).
+        growth: the interval's growth per k syncs (>= 1).
+        max_interval: the longest interval, in steps (None: no cap).
+
+    Example:
+        >>> from lioncub import Geometric
+        >>> Geometric(k=2).sync_steps(20)
+        [1, 2, 4, 6, 10, 15]
+    """
 
     k: float = 1.0
     growth: float = 2.0
@@ -134,7 +185,7 @@ class Geometric(Schedule):
         return len(self.sync_steps(steps)) / steps
 
 
-ADAPTIVE_THRESHOLD = 0.5  # agreement (lioncub.optim.agreement) below which Adaptive syncs; from the convergence map
+ADAPTIVE_THRESHOLD = 0.5  # agreement (`agreement`) below which Adaptive syncs; from the convergence map
 ADAPTIVE_BUDGET = 1.0  # the guard's bytes at most this many times the method's own bytes (total <= 2x)
 
 
@@ -166,7 +217,7 @@ class Adaptive(Schedule):
       LionCub(dense_warmup=...) does. By default (`start=None`) it lasts until the momentum leads Lion's
       interpolation (momentum_lead_step of the optimizer's betas: 12 steps for (0.9, 0.99)); before that
       the vote is on each rank's raw gradient, and on the convergence benchmarks that is when a compressed
-      run falls behind the baseline for good, while later dense steps do not undo it (docs/BENCHMARKS.md).
+      run falls behind the baseline for good, while later dense steps do not undo it (research/notebook/BENCHMARKS.md).
       `start=0`: no start.
     * The syncs: each compressed step the optimizer calls `decide(step, agreement, step_bytes, sync_bytes)`:
       `agreement` is the step's statistic (LionCub.stats.last_agreement, identical on every rank; None
@@ -182,7 +233,21 @@ class Adaptive(Schedule):
       it makes no syncs). Where the code carries no agreement (1-bit votes of an odd number of ranks) it
       syncs whenever the credit allows.
     Its state (the average and the credit) is in LionCub.state_dict, so a resumed run decides as the
-    uninterrupted one."""
+    uninterrupted one.
+
+    Args:
+        threshold: the smoothed agreement below which a sync is due, in [0, 1].
+        budget: the syncs' and the start's bytes, at most this many times the method's own (> 0).
+        smoothing: the exponential average's weight of the past, in [0, 1).
+        start: the dense start's length in steps (None: until the momentum leads, `momentum_lead_step`).
+
+    Example:
+        >>> from lioncub import Adaptive
+        >>> Adaptive().start_steps([(0.9, 0.99)])
+        12
+        >>> Adaptive(threshold=0.4, start=0)
+        Adaptive(threshold=0.4, budget=1, start=0)
+    """
 
     def __init__(self, threshold: float = ADAPTIVE_THRESHOLD, budget: float = ADAPTIVE_BUDGET,
                  smoothing: float = 0.9, start: int | None = None):
@@ -279,7 +344,21 @@ def parse(spec: str):
     """Schedules as a person types them: "none", "K" or "every:K", "first:K:M" (every K steps during the
     first M), "geometric:K" (interval doubles every K syncs), "adaptive", "adaptive:T", "adaptive:T:B" or
     "adaptive:T:B:S" (a dense start of S steps, by default until the momentum leads; then sync when the
-    agreement is below T; all within B times the method's bytes; see Adaptive)."""
+    agreement is below T; all within B times the method's bytes; see Adaptive).
+
+    Args:
+        spec: the text (case and surrounding spaces ignored).
+
+    Returns:
+        The Schedule, or None for "none"; `describe` is the inverse.
+
+    Example:
+        >>> from lioncub.optim import schedules
+        >>> schedules.parse("every:20")
+        EveryK(k=20)
+        >>> schedules.parse("first:10:500")
+        FirstSteps(k=10, until=500)
+    """
     text = str(spec).strip().lower()
     if text in ("", "none", "never", "off"):
         return None
@@ -321,3 +400,75 @@ def describe(schedule) -> str:
             return "adaptive"
         return f"adaptive:{schedule.threshold:g}:{schedule.budget:g}"
     return repr(schedule)
+
+
+# --- the agreement statistic ------------------------------------------------------------------------------
+
+SAMPLE = 4096  # coordinates per bucket the statistic reads (strided; all of them in smaller buckets)
+_POPCOUNT: dict = {}
+
+
+def tie_share_at_random(world_size: int) -> float:
+    """The share of ties among N independent fair-coin votes (0 for odd N)."""
+    N = world_size
+    return 0.0 if N % 2 else math.comb(N, N // 2) / 2**N
+
+
+def _popcount_table(device) -> torch.Tensor:
+    t = _POPCOUNT.get(device)
+    if t is None:
+        t = _POPCOUNT[device] = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int32,
+                                             device=device)
+    return t
+
+
+def bucket_sums(codec, code, n: int, world_size: int, levels: int = 0, layout=None,
+                sample: int = SAMPLE) -> tuple[float, int] | None:
+    """(sum of the per-coordinate statistic, coordinates read) for one bucket's agreed code, or None where
+    the code carries no agreement information (1-bit votes of an odd number of ranks)."""
+    N = world_size
+    if n <= 0:
+        return 0.0, 0
+    if codec.kind == "signs":
+        nonzero = code[1]
+        if nonzero is None:
+            return None
+        full = n // 8  # whole bytes (the last partial byte and the padding are left out)
+        if full == 0:
+            return 0.0, 0
+        stride = max(1, full * 8 // sample)
+        picked = nonzero[:full:stride]
+        ones = int(_popcount_table(picked.device)[picked.long()].sum())
+        read = picked.numel() * 8
+        ties = read - ones
+        share = ties / read / tie_share_at_random(N)
+        return max(0.0, 1.0 - share) * read, read
+    W = code.numel()
+    stride = max(1, (W * layout.per_word) // sample)
+    idx = torch.arange(0, W, stride, device=code.device)
+    words = code[idx]
+    mask = (1 << layout.width) - 1
+    offset = codec.offset(N, levels)
+    scale = N * (levels if codec.l1 else 1)
+    total, count = 0.0, 0
+    for j in range(layout.per_word):
+        valid = idx + j * W < n
+        if not bool(valid.any()):
+            break
+        f = torch.bitwise_right_shift(words, layout.width * j).bitwise_and_(mask)[valid]
+        total += float((f.double() - offset).abs_().sum()) / scale
+        count += f.numel()
+    return total, count
+
+
+def agreement(codec, codes, sizes, world_size: int, levels: int = 0, layouts=None) -> float | None:
+    """The step's agreement in [0, 1] over its buckets' agreed codes (weighted by coordinates read)."""
+    if codec is None or world_size < 2:
+        return None
+    total, count = 0.0, 0
+    for i, (code, n) in enumerate(zip(codes, sizes)):
+        got = bucket_sums(codec, code, n, world_size, levels, None if layouts is None else layouts[i])
+        if got is None:
+            return None
+        total, count = total + got[0], count + got[1]
+    return min(1.0, total / count) if count else None

@@ -1,6 +1,6 @@
 """The memory of a model sharded by FSDP2 (lioncub.integrations.fsdp): FSDP keeps this rank's shard of every
 parameter and of every gradient; LionCub keeps the momentum of that shard only, one bucket per FSDP unit, laid
-out as the unit's reduce-scatter output (lioncub.optim.nodes.RowShards), and updates FSDP's shards in place.
+out as the unit's reduce-scatter output (lioncub.optim.buckets.RowShards), and updates FSDP's shards in place.
 
 A bucket's gradient is FSDP's own: after a unit's reduce-scatter every parameter's .grad (a DTensor) is a view
 into one flat buffer of the shard, which `capture` takes (and checks against the layout), so nothing is copied.
@@ -16,10 +16,9 @@ import torch.distributed as dist
 from lioncub import kernels
 from lioncub.comm import transport, wire
 from lioncub.comm.transport import allreduce_mean_
-from lioncub.optim import agreement
-from lioncub.optim.buckets import DTYPES, BucketSet, bounds, version_of
+from lioncub.optim import schedules
+from lioncub.optim.buckets import DTYPES, BucketSet, RowShards, bounds, version_of
 from lioncub.optim.layout import ShardLayout
-from lioncub.optim.nodes import RowShards
 
 
 @dataclass(frozen=True)
@@ -46,7 +45,7 @@ class ShardedBucket:
         self.shards, self.local, self.m = shards, local, m
         self.n = self.shard = shards.size
         self.p = None  # (no flat copy of the parameters: FSDP's shards are updated in place)
-        self.base = None  # (nor one buffer of all units: lioncub.optim.runs leaves them alone)
+        self.base = None  # (nor one buffer of all units: runs of buckets leave them alone)
         self.g: torch.Tensor | None = None
         self.offsets = [shards.where(i, local)[0] for i in range(len(params))] + [shards.size]
 
@@ -256,7 +255,7 @@ class ShardedLayout(ShardLayout):
         """Over every shard of the node (this rank reads its own; the node adds the sums up)."""
         total = count = 0.0
         for b, x, code in zip(buckets, xs, codes):
-            got = agreement.bucket_sums(codec, code, b.n, self.voters, levels, x.layout)
+            got = schedules.bucket_sums(codec, code, b.n, self.voters, levels, x.layout)
             if got is None or codec is None or self.voters < 2:
                 return None
             total, count = total + got[0], count + got[1]

@@ -13,7 +13,8 @@ or move the event queue. The simulator needs four things it does not offer:
 They rely on where SimPy 4.1 keeps that state: `Environment._queue` (a heap of (time, priority, id, event)),
 `Environment._now`, `Event._ok` and `Event._value`. SimPy is therefore pinned in pyproject.toml, and
 tests/simulator/test_simulator_engine.py fails if the installed SimPy is another version or if these functions stop
-behaving as the simulator relies on. research/notebook/SIMULATOR-notes.md (The engine) has the measured cost of the public ways.
+behaving as the simulator relies on. research/notebook/SIMULATOR-notes.md (The engine) has the measured cost of the
+public ways.
 """
 
 from __future__ import annotations

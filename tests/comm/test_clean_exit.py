@@ -1,4 +1,4 @@
-"""A run ends cleanly whatever its ending: never a signal, never a non-zero status (lioncub.comm.settle).
+"""A run ends cleanly whatever its ending: never a signal, never a non-zero status (lioncub.comm.clean_exit).
 
 The failure it guards against is a race at interpreter exit (a Gloo worker thread releasing a collective's
 tensor while Python finalises: SIGABRT); a run that loses it aborts, so the bare ending, the tutorials' one,

@@ -31,13 +31,12 @@ COLLECTIVES = (("allreduce", "256MiB"), ("allgather", "16MiB"), ("reducescatter"
 def make_optimizer(model, options: dict):
     """LionCub from a case's options: the one place that spells the constructor (a layout change edits this,
     never the digests)."""
-    from lioncub import LionCub
+    from lioncub import LionCub, LocalSteps
 
     o = dict(options)
     o.pop("clip", None)
-    node_size = o.pop("node_size", None)
-    if node_size is not None:
-        o.update(hierarchical=True, node_size=node_size)
+    if "local_steps" in o:
+        o["local"] = LocalSteps(o.pop("local_steps"), outer=o.pop("outer", "avg"), fragments=o.pop("fragments", None))
     return LionCub(model.parameters(), lr=0.01, weight_decay=0.1, bucket_mb=1024 / 2**20, **o)
 
 

@@ -27,7 +27,7 @@ def train(rank, world_size, method, bad_rank=None, touch=False, steps=4, edit=No
     """`steps` steps of a small model on rank-dependent data; on `bad_rank` step 2's loss is NaN. `touch`: an
     in-place no-op on every .grad after backward (the flags backward took no longer hold). `edit` (EDITS), after
     step 3's backward: a change that leaves the gradients as they are. `merged`: automatic buckets, which step()
-    exchanges as runs (lioncub.optim.runs); else the buckets one by one. Per step: pre-pass calls inside step(),
+    exchanges as runs (lioncub.optim.buckets.Run); else the buckets one by one. Per step: pre-pass calls inside step(),
     whether the parameters moved; the final parameters and momenta."""
     net = model()
     if merged:

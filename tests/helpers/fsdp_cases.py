@@ -76,7 +76,7 @@ def hierarchical(rank, world_size, nodes, method, overlap=True, sync=2, steps=4,
     model = make_model()
     groups = [dict(params=list(model[i].parameters())) for i in UNITS]
     opt = lioncub.LionCub(groups, lr=LR, weight_decay=WD, method=method, overlap=overlap, momentum_sync=sync,
-                          hierarchical=True, node_size=G, bucket_mb=64,
+                          node_size=G, bucket_mb=64,
                           grad_wire_dtype="bfloat16" if bf16 else "float32")
     (_train_bf16 if bf16 else _train)(model, opt, rank, steps)
     full = flat(model.parameters())

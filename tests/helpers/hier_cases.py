@@ -88,7 +88,7 @@ def check_hierarchical(rank, world_size, G, steps=4, momentum_sync=3, overlap=Tr
         params, groups = dist_cases.make_params()
         opt = LionCub(groups, lr=dist_cases.LR, betas=(dist_cases.B1, dist_cases.B2),
                       weight_decay=dist_cases.WD, method=method, bucket_mb=dist_cases.BUCKET_MB,
-                      momentum_sync=momentum_sync, hierarchical=True, node_size=G, overlap=overlap)
+                      momentum_sync=momentum_sync, node_size=G, overlap=overlap)
         levels = default_levels(nodes) if method == "l1-pbit" else 0
         hyper = {id(p): (g["lr"], g["weight_decay"], *g["betas"]) for g in opt.param_groups for p in g["params"]}
         r = dict(mismatch=0, elements=0, momentum_err=0.0, replicas_equal=True, levels=opt.levels,
@@ -152,7 +152,7 @@ def hierarchical_vs_flat_bytes(rank, world_size, G):
     out = {}
     for hier in (False, True):
         p = torch.nn.Parameter(torch.zeros(1 << 16))
-        opt = LionCub([p], lr=0.01, method="vote-1bit", hierarchical=hier, node_size=G if hier else None)
+        opt = LionCub([p], lr=0.01, method="vote-1bit", node_size=G if hier else None)
         p.grad.copy_(torch.randn(1 << 16, generator=torch.Generator().manual_seed(rank)))
         opt.step()
         out[hier] = opt.stats.last_bytes_sent
@@ -166,7 +166,7 @@ def guard_credit(rank, world_size, G, start, steps):
     from lioncub.optim.schedules import Adaptive
 
     p = torch.nn.Parameter(torch.zeros(1 << 14))
-    opt = LionCub([p], lr=0.01, method="vote-1bit", hierarchical=True, node_size=G, overlap=False,
+    opt = LionCub([p], lr=0.01, method="vote-1bit", node_size=G, overlap=False,
                   momentum_sync=Adaptive(threshold=0.0, budget=1.0, start=start))
     rows = []
     for step in range(1, steps + 1):
@@ -179,7 +179,7 @@ def guard_credit(rank, world_size, G, start, steps):
 def nonfinite_on_one_rank(rank, world_size, G, bad_rank):
     params, groups = dist_cases.make_params()
     opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB,
-                  hierarchical=True, node_size=G, overlap=False)
+                  node_size=G, overlap=False)
     out = []
     for step in range(1, 4):
         grads = exact_grads(params, rank, step)
@@ -199,7 +199,7 @@ def resume(rank, world_size, G, steps_before, steps_after, state=None):
     """Train; optionally from `state` (this rank's own state_dict and params)."""
     params, groups = dist_cases.make_params()
     opt = LionCub(groups, lr=dist_cases.LR, method="l1-pbit", bucket_mb=dist_cases.BUCKET_MB,
-                  hierarchical=True, node_size=G, momentum_sync=5)
+                  node_size=G, momentum_sync=5)
     start = 0
     if state is not None:
         with torch.no_grad():
@@ -217,8 +217,7 @@ def resume(rank, world_size, G, steps_before, steps_after, state=None):
 
 def bad_node_size(rank, world_size):
     try:
-        LionCub([torch.nn.Parameter(torch.zeros(8))], method="vote-1bit", hierarchical=True,
-                node_size=2 if rank else 1)
+        LionCub([torch.nn.Parameter(torch.zeros(8))], method="vote-1bit", node_size=2 if rank else 1)
     except ValueError as exc:
         return str(exc)
     finally:
@@ -232,7 +231,7 @@ def dcp_train(rank, world_size, G, path, steps, resume=False, total=None):
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Linear(32, 8))
-    opt = LionCub(net.parameters(), lr=0.01, method="vote-1bit", bucket_mb=1e-3, hierarchical=True, node_size=G)
+    opt = LionCub(net.parameters(), lr=0.01, method="vote-1bit", bucket_mb=1e-3, node_size=G)
     first = 1
     if resume:
         checkpoint.load(path, net, opt)
@@ -263,7 +262,7 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
         params, groups = dist_cases.make_params()
         index = {id(p): i for i, p in enumerate(params)}
         opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB, dense_warmup=K,
-                      hierarchical=hier, node_size=G if hier else None)
+                      node_size=G if hier else None)
         if hier:  # each bucket's tensors (by index) and boundaries
             layout = [([index[id(p)] for p in b.params], b.offsets) for b in opt.engine.buckets]
         trace, moms = [], None
@@ -286,12 +285,13 @@ def dense_warmup_matches_flat(rank, world_size, G, K=3, steps=5):
 
 
 def timed_collectives(rank, world_size, G, steps=3):
-    """LionCub(timing=True): every collective of a step, counted and timed by name."""
+    """opt.timing = True: every collective of a step, counted and timed by name."""
     from lioncub.comm import transport
 
     params, groups = dist_cases.make_params()
     opt = LionCub(groups, lr=dist_cases.LR, method="vote-1bit", bucket_mb=dist_cases.BUCKET_MB,
-                  hierarchical=True, node_size=G, overlap=False, timing=True)
+                  node_size=G, overlap=False)
+    opt.timing = True
     for step in range(1, steps + 1):
         dist_cases.assign(params, exact_grads(params, rank, step), step)
         opt.step()

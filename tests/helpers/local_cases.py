@@ -1,4 +1,4 @@
-"""Local steps (LionCub(local_steps=H)): multi-rank scenarios and an independent oracle of the whole algorithm.
+"""Local steps (LionCub(local=LocalSteps(H))): multi-rank scenarios and an independent oracle of the whole algorithm.
 
 The gradients are a function of (rank, step) alone, never of the parameters, so the oracle can replay every
 rank's local Lion steps, the codec's agreed update, the agreed scale, the error-feedback residuals and the outer
@@ -11,7 +11,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from lioncub import LionCub
+from lioncub import LionCub, LocalSteps
 from lioncub.methods.l1_pbit import default_levels
 
 SHAPES = [(7, 5), (13,), (3, 3, 3), (33,), (2, 17)]
@@ -35,13 +35,14 @@ def grads(rank: int, step: int, bad=None):
 
 
 def make(method, H, outer, error_feedback=True, node_size=None, bucket_mb=None, **stream):
-    """node_size: the node layout (hierarchical=True) with nodes of that many ranks; stream: fragments and
-    outer_delay (then smaller buckets by default: more of them to make fragments of)."""
+    """node_size: the node layout with nodes of that many ranks; stream: fragments and outer_delay (then smaller
+    buckets by default: more of them to make fragments of)."""
     params = [torch.nn.Parameter(t.clone()) for t in initial()]
     bucket_mb = bucket_mb or (STREAM_BUCKET_MB if stream else BUCKET_MB)
     opt = LionCub(params, lr=LR, betas=(B1, B2), weight_decay=WD, method=method, bucket_mb=bucket_mb,
-                  local_steps=H, outer=outer,
-                  error_feedback=error_feedback, hierarchical=node_size is not None, node_size=node_size, **stream)
+                  local=LocalSteps(H, outer="avg" if outer is None else outer, fragments=stream.pop("fragments", None),
+                                   delay=stream.pop("outer_delay", None), error_feedback=error_feedback),
+                  node_size=node_size, **stream)
     return params, opt
 
 
@@ -279,19 +280,19 @@ def fragment_tensors(opt, params):
 @contextlib.contextmanager
 def recording():
     """Every step's collectives as LionCub records them: a list per step of (op, bytes, dtype, scope)."""
-    from lioncub.optim import steps as steps_module
+    from lioncub.optim.engine import Engine
 
-    out, real = [], steps_module.record
+    out, real = [], Engine.record
 
     def record(engine, collectives, **kw):
         out.append([(c.op, c.nbytes, c.dtype, c.scope) for c in collectives])
         real(engine, collectives, **kw)
 
-    steps_module.record = record
+    Engine.record = record
     try:
         yield out
     finally:
-        steps_module.record = real
+        Engine.record = real
 
 
 def stream_scenario(rank, world_size, method, H, outer, steps, F, delay=None, bad=None, nan_at=None, chatter=False,

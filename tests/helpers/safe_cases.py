@@ -59,7 +59,7 @@ def listen():
 def _layout(method):
     """"vote-1bit+hier": the method in the hierarchical layout with nodes of 2."""
     name, hier = method.removesuffix("+hier"), method.endswith("+hier")
-    return name, (dict(hierarchical=True, node_size=2) if hier else {})
+    return name, (dict(node_size=2) if hier else {})
 
 
 def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=0):

@@ -9,7 +9,7 @@ import pytest
 import safe_cases
 import torch
 
-from lioncub import LionCub
+from lioncub import LionCub, LocalSteps
 from lioncub.comm.spawn import spawn
 from lioncub.integrations import checkpoint
 
@@ -60,7 +60,7 @@ def test_load_on_one_process(tmp_path, caplog):
 @pytest.mark.parametrize("world, method, outer", [(3, "l1-pbit", "nesterov"), (2, "vote-1bit", "sign:0.5:0.9"),
                                                   (4, "allreduce", "avg")])
 def test_local_steps_resume_bit_exactly_mid_interval_and_at_the_boundary(tmp_path, world, method, outer):
-    """LionCub(local_steps=3), rank 1 skipping its local step 2 alone (an inf): saved after step 4 (mid-interval:
+    """LionCub(local=LocalSteps(3)), rank 1 skipping its local step 2 alone (an inf): saved after step 4 (mid-interval:
     the replicas differ, each resumes from its own parameters) and after step 3 (an outer step), loaded into a
     fresh model and optimizer, run to 7: every later step, the momenta, each rank's own residuals and counters,
     the anchor and the outer momentum equal the uninterrupted run's."""
@@ -81,8 +81,8 @@ def test_local_steps_resume_bit_exactly_mid_interval_and_at_the_boundary(tmp_pat
 
 
 def test_local_steps_in_the_node_layout_resume_bit_exactly(tmp_path):
-    """hierarchical=True with local steps: momentum shards, the node leaders' residuals, mid-interval and at the
-    boundary (4 ranks in nodes of 2; rank 1's inf at step 2 makes its node skip that step)."""
+    """The node layout (node_size=2) with local steps: momentum shards, the node leaders' residuals, mid-interval
+    and at the boundary (4 ranks in nodes of 2; rank 1's inf at step 2 makes its node skip that step)."""
     for cut in (4, 3):
         path = str(tmp_path / f"cut{cut}")
         reports = spawn(lc.dcp_resume_case, 4, "vote-1bit", 3, "nesterov", 7, cut, path, (1, 2), 2, timeout=240)
@@ -105,6 +105,6 @@ def test_a_local_steps_checkpoint_refuses_another_world_size_or_options(tmp_path
     with pytest.raises(ValueError, match="saved with local_steps=3; this optimizer has local_steps=None"):
         checkpoint.load(path, torch.nn.ParameterList(params), plain)
     params = [torch.nn.Parameter(t.clone()) for t in lc.initial()]
-    other = LionCub(params, lr=lc.LR, method="vote-1bit", bucket_mb=1.0, local_steps=3, outer="avg")
+    other = LionCub(params, lr=lc.LR, method="vote-1bit", bucket_mb=1.0, local=LocalSteps(3, outer="avg"))
     with pytest.raises(ValueError, match="build it with the saved run's bucket_mb"):
         checkpoint.load(path, torch.nn.ParameterList(params), other)

@@ -32,7 +32,7 @@ def test_hook_mode_is_bit_identical_to_optimizer_mode(option, method, world_size
 @pytest.mark.parametrize("option", ["defaults", "find-unused"])
 def test_hierarchical_hook_mode_is_bit_identical_to_optimizer_mode(option):
     for rank, (alone, hooked) in enumerate(spawn(dist_cases.hook_vs_optimizer, 4, "vote-1bit", 2,
-                                                 DDP_OPTIONS[option], 4, dict(hierarchical=True, node_size=2),
+                                                 DDP_OPTIONS[option], 4, dict(node_size=2),
                                                  timeout=300)):
         assert torch.equal(alone["flat"], hooked["flat"]), (rank, option)
         assert alone["replicas_equal"] and hooked["replicas_equal"]

@@ -256,15 +256,15 @@ def test_prepass_l1_multipliers(T, tiles, n):
 
 @pytest.mark.parametrize("twin", [False, True])
 def test_l1_multipliers_of_a_run_are_its_buckets_joined(T, tiles, twin):
-    """Backward takes l1-pbit's pre-pass per bucket (lioncub.optim.finite); step() may exchange a run of buckets
-    (lioncub.optim.runs): the buckets' multipliers, joined with 0 for the padding, are bit for bit the run's."""
+    """Backward takes l1-pbit's pre-pass per bucket (lioncub.optim.backward); step() may exchange a run of buckets
+    (lioncub.optim.buckets.Run): the buckets' multipliers, joined with 0 for the padding, are bit for bit the run's."""
     from lioncub import LionCub
-    from lioncub.optim import runs
+    from lioncub.optim.buckets import Run
 
     ops = ref if twin else T
     params = [torch.nn.Parameter(torch.zeros(n, device=DEVICE)) for n in (5, 3000, 7, 4100, 1, 9000)]
     buckets = LionCub(params, bucket_mb=3000 * 4 / 2**20).engine.buckets
-    run = runs.Run(buckets, list(range(len(buckets))))
+    run = Run(buckets, list(range(len(buckets))))
     assert len(buckets) >= 3 and len(run.offsets) > sum(len(b.offsets) - 1 for b in buckets) + 1  # padding
     gen = torch.Generator().manual_seed(5)
     run.g.copy_(torch.randn(run.n, generator=gen))

@@ -1,4 +1,4 @@
-"""The agreement statistic (lioncub.optim.agreement) and momentum_sync="adaptive" on local Gloo ranks."""
+"""The agreement statistic (lioncub.optim.schedules.agreement) and momentum_sync="adaptive" on local Gloo ranks."""
 
 import math
 
@@ -9,7 +9,7 @@ import torch
 from lioncub.comm import wire
 from lioncub.comm.spawn import spawn
 from lioncub.methods import get
-from lioncub.optim import agreement, schedules
+from lioncub.optim import schedules
 
 
 def _pack_fields(sums, layout):
@@ -36,7 +36,7 @@ def test_field_agreement_unanimous_and_tied(name, N):
     top = N * (levels if spec.codec.l1 else 1)
     for centred, expected in ((top, 1.0), (-top, 1.0), (0, 0.0)):
         code = _pack_fields(torch.full((n,), off + centred, dtype=torch.int64), layout)
-        got = agreement.agreement(spec.codec, [code], [n], N, levels, [layout])
+        got = schedules.agreement(spec.codec, [code], [n], N, levels, [layout])
         assert got == pytest.approx(expected)
 
 
@@ -44,11 +44,11 @@ def test_onebit_agreement_from_ties():
     codec = wire.SIGNS
     n = 8 * 512
     signs = torch.zeros(n // 8, dtype=torch.uint8)
-    assert agreement.agreement(codec, [(signs, torch.full((n // 8,), 255, dtype=torch.uint8))], [n], 4) == 1.0
-    assert agreement.agreement(codec, [(signs, torch.zeros(n // 8, dtype=torch.uint8))], [n], 4) == 0.0
+    assert schedules.agreement(codec, [(signs, torch.full((n // 8,), 255, dtype=torch.uint8))], [n], 4) == 1.0
+    assert schedules.agreement(codec, [(signs, torch.zeros(n // 8, dtype=torch.uint8))], [n], 4) == 0.0
     # ties at the fair-coin rate read as no agreement; odd N carries no margin
-    assert agreement.tie_share_at_random(4) == pytest.approx(0.375)
-    assert agreement.agreement(codec, [(signs, None)], [n], 3) is None
+    assert schedules.tie_share_at_random(4) == pytest.approx(0.375)
+    assert schedules.agreement(codec, [(signs, None)], [n], 3) is None
 
 
 def test_parse_describe_adaptive():

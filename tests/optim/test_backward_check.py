@@ -1,4 +1,4 @@
-"""lioncub.optim.finite: the non-finite check taken during backward, and step() reading it instead of the
+"""BackwardCheck (lioncub.optim.backward): the non-finite check during backward, and step() reading it instead of the
 gradients only while it still describes them."""
 
 import os

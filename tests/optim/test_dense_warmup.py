@@ -46,7 +46,7 @@ def test_lioncub_train_dense_warmup_flag(tmp_path):
                  "--dense-warmup", "2", "--log", str(log), "--json"]) == 0
     records = [json.loads(line) for line in log.read_text().splitlines()]
     sent = [r["bytes_sent"] for r in records]
-    check = wire.traffic([wire.SAME_GRADIENTS], 2, 1)[0]  # once, on the first vote (lioncub.optim.replicas)
+    check = wire.traffic([wire.SAME_GRADIENTS], 2, 1)[0]  # once, on the first vote (Engine.check_replicas)
     assert sent[0] == sent[1] > 10 * sent[2] and sent[2] - check == sent[3]  # fp32 gradients, then 1-bit votes
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

@@ -88,14 +88,21 @@ def test_disagreeing_node_sizes_raise_instead_of_hanging():
     assert all(msg and "disagree on the node size" in msg for msg in out)
 
 
-def test_bad_input():
+def test_bad_input(monkeypatch):
     p = torch.nn.Parameter(torch.zeros(4))
     with pytest.raises(ValueError, match="compressed methods"):
-        LionCub([p], method="allreduce", hierarchical=True, node_size=2)
-    with pytest.raises(ValueError, match="node_size applies only"):
-        LionCub([p], method="vote-1bit", node_size=2)
+        LionCub([p], method="allreduce", node_size=2)
     with pytest.raises(ValueError, match="torch.distributed initialised"):
-        LionCub([p], method="vote-1bit", hierarchical=True, node_size=2)
+        LionCub([p], method="vote-1bit", node_size=2)  # node_size alone selects the node layout
+    for bad in (0, -1, 1.5, True, "locall"):
+        with pytest.raises(ValueError, match="node_size must be a positive integer or 'local'"):
+            LionCub([p], method="vote-1bit", node_size=bad)
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.raises(ValueError, match="node_size='local' needs torchrun's LOCAL_WORLD_SIZE"):
+        LionCub([p], method="vote-1bit", node_size="local")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="torch.distributed initialised"):
+        LionCub([p], method="vote-1bit", node_size="local")
 
 
 def test_dcp_checkpoint_resumes_momentum_shards_bit_exactly(tmp_path):
@@ -130,6 +137,6 @@ def test_timing_counts_every_collective_by_name():
             # step 1: odd ranks have one gradient None (dist_cases.assign), so the ranks agree which parameters
             # any rank used; then nothing is tracked (no zero_grad(set_to_none=True))
             "all_reduce (control)": 3, "all_reduce (unused parameters)": 1,
-                "all_reduce (same gradients)": 1}  # once, on the first step (lioncub.optim.replicas)
+                "all_reduce (same gradients)": 1}  # once, on the first step (Engine.check_replicas)
         assert sum(n for n, _ in times.values()) == r["collectives"]  # what opt.stats counted
         assert all(t > 0 for _, t in times.values())

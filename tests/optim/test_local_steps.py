@@ -1,4 +1,4 @@
-"""LionCub(local_steps=H): H local Lion steps, then an outer step agreed through the method's codec with error
+"""LionCub(local=LocalSteps(H)): H local Lion steps, then an outer step agreed through the method's codec with error
 feedback. Checked against an independent replay of every rank (tests/helpers/local_cases.py): parameters after
 every step, the residuals, replicas bit-identical after each outer step, the non-finite rule, no_sync, an exact
 resume, and the options' errors."""
@@ -7,9 +7,9 @@ import local_cases as lc
 import pytest
 import torch
 
-from lioncub import LionCub
+from lioncub import LionCub, LocalSteps
 from lioncub.comm.spawn import spawn
-from lioncub.optim.outer import Outer, parse_outer
+from lioncub.optim.local import Outer, parse_outer
 
 N, H, STEPS = 3, 3, 7  # outer steps at 3 and 6, and one local step after
 
@@ -94,7 +94,7 @@ def test_one_rank_runs_the_outer_optimizer_on_its_own_pseudo_gradient():
 @pytest.mark.parametrize("method,outer,world", [("vote-1bit", "nesterov", 6), ("l1-pbit", "sign:0.5:0.9", 4),
                                                 ("avg-pbit", "avg", 4)])
 def test_nodes_step_on_their_mean_and_vote_as_one(method, outer, world):
-    """hierarchical=True: the G ranks of a node take every inner step on the node's mean gradient, and local
+    """node_size=G: the G ranks of a node take every inner step on the node's mean gradient, and local
     rank 0 of each node votes for it across the nodes at the outer steps (the only bytes that leave a node)."""
     G, bad = 2, (1, 2)  # rank 1's inf at step 2: its whole node skips that step
     reports = spawn(lc.node_scenario, world, method, H, outer, STEPS, G, bad, timeout=300)
@@ -109,26 +109,27 @@ def test_nodes_step_on_their_mean_and_vote_as_one(method, outer, world):
 def test_options_are_checked_with_one_line_errors():
     net = torch.nn.Linear(3, 2)
     for bad in (0, -2, 1.5, True):
-        with pytest.raises(ValueError, match="local_steps must be an int >= 1"):
-            LionCub(net.parameters(), local_steps=bad)
-    cases = [(dict(outer="nesterov"), "outer applies only with local_steps"),
-             (dict(local_steps=4, outer="adam"), "outer must be"),
-             (dict(local_steps=4, outer="nesterov:x"), "numbers"),
-             (dict(local_steps=4, outer="avg:0"), "LR must be > 0"),
-             (dict(local_steps=4, dense_warmup=3), "dense_warmup"),
-             (dict(local_steps=4, momentum_sync=5), "momentum_sync"),
-             (dict(local_steps=4, hierarchical=True, node_size=2), "needs torch.distributed initialised")]
+        with pytest.raises(ValueError, match="every must be an int >= 1"):
+            LocalSteps(bad)
+    for outer, match in (("adam", "outer must be"), ("nesterov:x", "numbers"), ("avg:0", "LR must be > 0")):
+        with pytest.raises(ValueError, match=match):
+            LocalSteps(4, outer=outer)
+    cases = [(dict(dense_warmup=3), "dense_warmup"),
+             (dict(momentum_sync=5), "momentum_sync"),
+             (dict(node_size=2), "needs torch.distributed initialised")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
-            LionCub(net.parameters(), **kwargs)
+            LionCub(net.parameters(), local=LocalSteps(4), **kwargs)
+    with pytest.raises(ValueError, match="local must be a lioncub.LocalSteps"):
+        LionCub(net.parameters(), local=4)
     assert parse_outer("nesterov") == Outer("nesterov", 0.7, 0.9)
     assert parse_outer("sign:0.25") == Outer("sign", 0.25, 0.9)
-    opt = LionCub(net.parameters(), method="vote-1bit", local_steps=8)
+    opt = LionCub(net.parameters(), method="vote-1bit", local=LocalSteps(8))
     assert opt.local_steps == 8 and opt.engine.overlap is None
-    assert opt.local.outer == Outer("avg", 1.0, 0.0)  # the default: the measured best (docs/BENCHMARKS.md)
+    assert opt.local.outer == Outer("avg", 1.0, 0.0)  # the default: the measured best (research/notebook/BENCHMARKS.md)
     with pytest.raises(ValueError, match="cannot add param groups"):
         opt.add_param_group(dict(params=[torch.nn.Parameter(torch.zeros(2))]))
     plain = LionCub(torch.nn.Linear(3, 2).parameters(), method="vote-1bit")
     with pytest.raises(ValueError, match="without local_steps"):
-        LionCub(torch.nn.Linear(3, 2).parameters(), method="vote-1bit", local_steps=2).load_state_dict(
+        LionCub(torch.nn.Linear(3, 2).parameters(), method="vote-1bit", local=LocalSteps(2)).load_state_dict(
             plain.state_dict())

@@ -1,4 +1,4 @@
-"""Streamed outer steps in the node layout (LionCub(local_steps=H, fragments=F, outer_delay=D, hierarchical=True)):
+"""Streamed outer steps in the node layout (LionCub(local=LocalSteps(H, fragments=F, delay=D), node_size=G)):
 each node's ranks step on the node's mean gradient, and on the communication thread local rank 0 of every node
 votes each fragment across the nodes and broadcasts the agreed update inside its node. Checked against the
 independent replay of every rank (tests/helpers/local_cases.py's oracle with nodes, fragments and a delay),
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from lioncub.comm.spawn import spawn
-from lioncub.optim.outer import parse_outer
+from lioncub.optim.local import parse_outer
 
 
 def _check(reports, method, outer, H, F, D, steps, G, bad=None):
@@ -127,11 +127,11 @@ def test_lioncub_checkpoint_resumes_across_an_exchange_in_flight(tmp_path):
 def test_the_node_layout_streams_on_gloo_only(monkeypatch):
     """On NCCL the thread's node broadcasts would run beside the inner steps' node all-reduce on another
     communicator: refused in one line, before any exchange."""
-    from lioncub.optim import streaming
+    from lioncub.optim import local as streaming
 
     monkeypatch.setattr(streaming.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(streaming.dist, "get_backend", lambda group=None: "nccl")
-    with pytest.raises(ValueError, match="fragments with hierarchical=True runs on Gloo only"):
+    with pytest.raises(ValueError, match=r"fragments in the node layout \(node_size=\) run on Gloo only"):
         streaming._check_backend(None)
     monkeypatch.setattr(streaming.dist, "get_backend", lambda group=None: "gloo")
     streaming._check_backend(None)

@@ -52,6 +52,6 @@ def test_no_rank_used_it_untouched_some_rank_used_it_a_zero_gradient_elsewhere(m
 
 
 def test_untouched_in_the_node_layout():
-    for r in spawn(contract_cases.unused_parameters, 4, "vote-1bit", True, dict(hierarchical=True, node_size=2),
+    for r in spawn(contract_cases.unused_parameters, 4, "vote-1bit", True, dict(node_size=2),
                    timeout=120):
         assert r["replicas_equal"] and r["moved"] == {"shared": True, "rank0": True, "never": False}

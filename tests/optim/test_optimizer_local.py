@@ -1,10 +1,13 @@
 """LionCub in one process (torch.distributed not initialised): plain Lion, validation, schedules, views."""
 
+import warnings
+
 import pytest
 import torch
 
-from lioncub import EveryK, FirstSteps, Geometric, LionCub
+from lioncub import EveryK, FirstSteps, Geometric, LionCub, LocalSteps
 from lioncub.methods import NAMES as METHODS
+from lioncub.optim.local import Outer
 
 
 def _model(seed=0, dtype=torch.float32):
@@ -180,3 +183,53 @@ def test_stats_and_repr():
     _train(model, opt, steps=2)
     assert opt.stats.steps == 2 and opt.stats.last_bytes_sent == 0  # nothing to send on one rank
     assert "vote-1bit" in repr(opt)
+
+
+def _net():
+    return torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)])  # 8 buckets at bucket_mb=1e-5
+
+
+def _build(**kwargs):
+    return LionCub(_net().parameters(), method="vote-1bit", bucket_mb=1e-5, **kwargs)
+
+
+def _deprecations(**old):
+    """LionCub built with the old keywords `old`, and the DeprecationWarnings it gave (their messages, in order)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt = _build(**old)
+    return opt, [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
+
+
+def test_the_old_keywords_still_work_and_name_their_new_spelling(monkeypatch):
+    opt, said = _deprecations(local_steps=4, outer="nesterov", error_feedback=False, fragments=2, outer_delay=1)
+    assert said == ["LionCub(local_steps=...) is deprecated: use local=LocalSteps(H)",
+                    "LionCub(outer=...) is deprecated: use local=LocalSteps(H, outer=...)",
+                    "LionCub(error_feedback=...) is deprecated: use local=LocalSteps(H, error_feedback=...)",
+                    "LionCub(fragments=...) is deprecated: use local=LocalSteps(H, fragments=F)",
+                    "LionCub(outer_delay=...) is deprecated: use local=LocalSteps(H, fragments=F, delay=D)"]
+    new = _build(local=LocalSteps(4, outer="nesterov", error_feedback=False, fragments=2, delay=1))
+    for o in (opt, new):
+        assert (o.local_steps, o.local.outer, o.local.residual) == (4, Outer("nesterov", 0.7, 0.9), None)
+        assert (o.local.stream.F, o.local.stream.D, o.local.stream.offsets) == (2, 1, [2, 0])
+    opt, said = _deprecations(timing=True)
+    assert opt.timing and said == ["LionCub(timing=...) is deprecated: use opt.timing = True after construction"]
+    opt, said = _deprecations(hierarchical=False)
+    assert opt.node_size == 1 and said == ["LionCub(hierarchical=...) is deprecated: use node_size=G alone "
+                                           "(node_size='local': torchrun's LOCAL_WORLD_SIZE)"]
+    with pytest.warns(DeprecationWarning, match="hierarchical"), pytest.raises(ValueError, match="initialised"):
+        _build(hierarchical=True, node_size=2)  # the node layout, as node_size=2 alone
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="node_size='local' needs torchrun's"):
+        _build(hierarchical=True)  # node_size from LOCAL_WORLD_SIZE, as node_size="local"
+    cases = [(dict(hierarchical=False, node_size=2), ValueError, "node_size applies only with hierarchical=True"),
+             (dict(outer="nesterov"), ValueError, "outer applies only with local_steps"),
+             (dict(fragments=2), ValueError, "fragments applies only with local_steps"),
+             (dict(local_steps=4, outer_delay=1), ValueError, "outer_delay applies only with fragments"),
+             (dict(local_steps=0), ValueError, "every must be an int >= 1"),
+             (dict(local_steps=4, local=LocalSteps(4)), TypeError, "not with the deprecated keywords too")]
+    for kwargs, error, match in cases:
+        with pytest.warns(DeprecationWarning), pytest.raises(error, match=match):
+            _build(**kwargs)
+    with pytest.raises(TypeError, match=r"^LionCub.__init__\(\) got an unexpected keyword argument 'hierachical'$"):
+        LionCub(torch.nn.Linear(3, 2).parameters(), hierachical=True)

@@ -1,12 +1,13 @@
-"""Ranks that bring the same gradients (lioncub.optim.replicas): a model wrapped in torch DDP that LionCub was not
-attached to trains without a hang, and the same data on every rank is reported once."""
+"""Ranks that bring the same gradients (lioncub.optim.engine's check_replicas, lioncub.optim.backward's
+wrapping_ddp): a model wrapped in torch DDP that LionCub was not attached to trains without a hang, and the same
+data on every rank is reported once."""
 
 import pytest
 import replica_cases
 import torch
 
 from lioncub.comm.spawn import spawn
-from lioncub.optim import replicas
+from lioncub.optim import backward, engine
 
 DDP = "wrapped in DistributedDataParallel, which LionCub was not attached to"
 SAME = "every rank brought the same gradients"
@@ -31,7 +32,7 @@ def test_the_same_data_on_every_rank_is_reported_once(method, overlap):
     for shared in (True, False):
         out = spawn(replica_cases.same_data, 2, method, overlap, shared, timeout=120)
         said = [m for m in out[0]["messages"] if SAME in m]
-        assert said == ([replicas.WARNING % 1] if shared else []), out[0]["messages"]
+        assert said == ([engine.SAME_GRADIENTS_WARNING % 1] if shared else []), out[0]["messages"]
         assert not any(SAME in m for m in out[1]["messages"])  # rank 0 speaks
         # one 32-byte message on the first step, none after
         counts = [r["collectives"] for r in out]
@@ -40,7 +41,7 @@ def test_the_same_data_on_every_rank_is_reported_once(method, overlap):
 
 def test_the_check_waits_for_the_first_compressed_step():
     out = spawn(replica_cases.same_data, 2, "vote-1bit", True, True, 4, 2, timeout=120)
-    assert [m for m in out[0]["messages"] if SAME in m] == [replicas.WARNING % 3]
+    assert [m for m in out[0]["messages"] if SAME in m] == [engine.SAME_GRADIENTS_WARNING % 3]
 
 
 def test_wrapping_ddp_finds_the_ddp_of_these_parameters_only(tmp_path):
@@ -49,16 +50,16 @@ def test_wrapping_ddp_finds_the_ddp_of_these_parameters_only(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
     try:
         inner, other = torch.nn.Linear(3, 3), torch.nn.Linear(3, 3)
-        assert replicas.wrapping_ddp(inner.parameters()) is None
+        assert backward.wrapping_ddp(inner.parameters()) is None
         model = torch.nn.parallel.DistributedDataParallel(inner)
-        assert replicas.wrapping_ddp(inner.parameters()) is model
-        assert replicas.wrapping_ddp(other.parameters()) is None
+        assert backward.wrapping_ddp(inner.parameters()) is model
+        assert backward.wrapping_ddp(other.parameters()) is None
     finally:
         dist.destroy_process_group()
 
 
 def test_fingerprint_tells_gradients_apart():
     a = torch.tensor([1.0, -2.0, 3.0])
-    assert torch.equal(replicas.fingerprint([a]), replicas.fingerprint([a.clone()]))
-    assert not torch.equal(replicas.fingerprint([a]), replicas.fingerprint([a * 2]))
-    assert replicas.fingerprint([torch.zeros(4)])[1] == 0  # (all zero: never called the same)
+    assert torch.equal(engine.fingerprint([a]), engine.fingerprint([a.clone()]))
+    assert not torch.equal(engine.fingerprint([a]), engine.fingerprint([a * 2]))
+    assert engine.fingerprint([torch.zeros(4)])[1] == 0  # (all zero: never called the same)

@@ -1,4 +1,4 @@
-"""Runs of adjacent buckets (lioncub.optim.runs): what step() exchanges when nothing overlaps, bit for bit what
+"""Runs of adjacent buckets (lioncub.optim.buckets.Run): what step() exchanges when nothing overlaps, bit for bit what
 the buckets exchanged one by one give, in fewer collectives."""
 
 import pytest
@@ -7,8 +7,8 @@ import torch
 
 from lioncub import LionCub
 from lioncub.comm.spawn import spawn
-from lioncub.optim import runs
-from lioncub.optim.buckets import BUCKET_ALIGN
+from lioncub.optim.buckets import BUCKET_ALIGN, Run
+from lioncub.optim.buckets import plan as plan_runs
 
 COMPRESSED = ["vote-1bit", "vote-pbit", "avg-pbit", "l1-pbit", "vote-allgather"]
 
@@ -58,7 +58,7 @@ def _buckets(shapes, bucket_mb, dtypes=(torch.float32,)):
 
 def test_plan_covers_the_buckets_in_order_within_the_cap():
     buckets = _buckets([(1000,)] * 9 + [(70000,)], 4000 / 2**20, (torch.float32, torch.bfloat16))
-    plan = runs.plan(buckets.buckets, 10_000)
+    plan = plan_runs(buckets.buckets, 10_000)
     assert sorted(k for run in plan for k in run) == list(range(len(buckets)))
     assert [run[0] for run in plan] == sorted(run[0] for run in plan)
     for run in plan:
@@ -72,7 +72,7 @@ def test_plan_covers_the_buckets_in_order_within_the_cap():
 
 def test_a_run_is_its_buckets_memory_with_the_padding_as_segments():
     buckets = _buckets([(5,), (3000,), (7,), (4100,), (1,)], 3000 * 4 / 2**20)
-    run = runs.Run(buckets, list(range(len(buckets))))
+    run = Run(buckets, list(range(len(buckets))))
     for b in buckets:
         assert b.start % BUCKET_ALIGN == 0
         at = b.start - buckets[0].start
@@ -93,4 +93,4 @@ def test_no_runs_in_the_node_layout_or_with_explicit_buckets():
     assert units is opt.engine.buckets  # the user chose the buckets: step() keeps them
     for b in opt.engine.buckets:
         b.base = None  # what the node layout's and FSDP's buckets are: shards, not slices of one buffer
-    assert runs.plan(opt.engine.buckets.buckets, 2**30) is None
+    assert plan_runs(opt.engine.buckets.buckets, 2**30) is None

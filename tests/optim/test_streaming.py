@@ -1,4 +1,4 @@
-"""LionCub(local_steps=H, fragments=F, outer_delay=D): streamed outer steps. Checked against the independent
+"""LionCub(local=LocalSteps(H, fragments=F, delay=D)): streamed outer steps. Checked against the independent
 replay of every rank (tests/helpers/local_cases.py's oracle, with fragments and a delay): parameters after every
 step, residuals, each fragment bit-identical on every rank right after its outer step is applied, the order of
 the exchanges the same on every rank, the non-finite rule, fragments=1 equal to the unstreamed steps bit for bit,
@@ -8,10 +8,10 @@ import local_cases as lc
 import pytest
 import torch
 
-from lioncub import LionCub
+from lioncub import LionCub, LocalSteps
+from lioncub.comm.fragment_schedule import split
 from lioncub.comm.spawn import spawn
-from lioncub.comm.stagger import split
-from lioncub.optim.outer import parse_outer
+from lioncub.optim.local import parse_outer
 
 N = 3
 # the test model's buckets (STREAM_BUCKET_MB, backward order) hold the tensors [4], [3], [2, 1], [0] (34, 33, 40
@@ -112,22 +112,22 @@ def test_split_is_about_equal_and_never_empty():
 
 def test_options_are_checked_with_one_line_errors():
     net = torch.nn.Sequential(*[torch.nn.Linear(3, 3) for _ in range(4)])  # 8 buckets at bucket_mb=1e-5, 1 at 1
-    cases = [(dict(fragments=2), "only with local_steps"),
-             (dict(local_steps=4, outer_delay=1), "outer_delay applies only with fragments"),
-             (dict(local_steps=4, fragments=0), r"fragments must be an int in \[1, local_steps=4\]"),
-             (dict(local_steps=4, fragments=5), r"fragments must be an int in \[1, local_steps=4\]"),
-             (dict(local_steps=4, fragments=True), "fragments must be an int"),
-             (dict(local_steps=4, fragments=2, outer_delay=2), "outer_delay must be an int >= 0 below"),
-             (dict(local_steps=4, fragments=2, outer_delay=-1), "outer_delay must be"),
-             (dict(local_steps=4, fragments=4, bucket_mb=1.0), "more than the optimizer's 1 buckets")]
+    cases = [(dict(delay=1), "delay applies only with fragments"),
+             (dict(fragments=0), r"fragments must be an int in \[1, every=4\]"),
+             (dict(fragments=5), r"fragments must be an int in \[1, every=4\]"),
+             (dict(fragments=True), "fragments must be an int"),
+             (dict(fragments=2, delay=2), "delay must be an int >= 0 below"),
+             (dict(fragments=2, delay=-1), "delay must be")]
     for kwargs, match in cases:
         with pytest.raises(ValueError, match=match):
-            LionCub(net.parameters(), method="vote-1bit", **kwargs)
-    opt = LionCub(net.parameters(), method="vote-1bit", local_steps=6, fragments=3, bucket_mb=1e-5)
+            LocalSteps(4, **kwargs)
+    with pytest.raises(ValueError, match="more than the optimizer's 1 buckets"):
+        LionCub(net.parameters(), method="vote-1bit", local=LocalSteps(4, fragments=4), bucket_mb=1.0)
+    opt = LionCub(net.parameters(), method="vote-1bit", local=LocalSteps(6, fragments=3), bucket_mb=1e-5)
     assert opt.local.stream.D == 1 and opt.local.stream.offsets == [2, 4, 0]
-    one = LionCub(net.parameters(), method="vote-1bit", local_steps=6, fragments=1, bucket_mb=1e-5)
+    one = LionCub(net.parameters(), method="vote-1bit", local=LocalSteps(6, fragments=1), bucket_mb=1e-5)
     assert one.local.stream.D == 0
-    plain = LionCub(net.parameters(), method="vote-1bit", local_steps=6, bucket_mb=1e-5)
+    plain = LionCub(net.parameters(), method="vote-1bit", local=LocalSteps(6), bucket_mb=1e-5)
     with pytest.raises(ValueError, match="streamed"):
         plain.load_state_dict(opt.state_dict())
     with pytest.raises(ValueError, match="fragments=3 outer_delay=1; this optimizer has fragments=1"):

@@ -45,7 +45,8 @@ FRAME = 1514  # Ethernet frame without FCS: what tc accounts per packet on a vet
 # a namespace inherits, does not decide it): Linux's default, cubic, which clusters keep unless changed. Some
 # machines default to bbr (this project's 2-core VMs do); measured on the lab at 1 Gbit/s, 4 ranks, char-small,
 # l1-pbit: with bbr about 8% of the step's all-reduces stall 57-123 ms with every rank inside the call (also
-# without overlap, not in Python's GC, no queue drops), with cubic none (research/notebook/LAB-notes.md). "system": the default.
+# without overlap, not in Python's GC, no queue drops), with cubic none (research/notebook/LAB-notes.md).
+# "system": the default.
 CONGESTION = "cubic"
 
 

@@ -1,5 +1,5 @@
-"""The schedule of streamed outer steps (LionCub(local_steps=H, fragments=F, outer_delay=D)), shared by the
-optimizer (lioncub.optim.streaming) and the step model (lioncub.simulator.localsteps): which buckets make each
+"""The schedule of streamed outer steps (LionCub(local=LocalSteps(H, fragments=F, delay=D))), shared by the
+optimizer (lioncub.optim.local) and the step model (lioncub.simulator.localsteps): which buckets make each
 fragment, and at which inner step each fragment's exchange is launched. Pure Python."""
 
 from __future__ import annotations
@@ -29,19 +29,21 @@ def offsets(H: int, F: int) -> list[int]:
     return [((f + 1) * H // F) % H for f in range(F)]
 
 
-def check_options(fragments, outer_delay, local_steps):
-    """LionCub's (fragments, outer_delay): (F, D), or None without fragments; one-line errors. D defaults to 1 when
-    the fragments are staggered (1 < F < H), else 0."""
+def check_options(fragments, outer_delay, local_steps, names=("fragments", "outer_delay", "local_steps")):
+    """(fragments, outer_delay): (F, D), or None without fragments; one-line errors that call the three by
+    `names` (the caller's spelling: LionCub's LocalSteps, simulate_step). D defaults to 1 when the fragments are
+    staggered (1 < F < H), else 0."""
+    f_name, d_name, h_name = names
     if fragments is None:
         if outer_delay is not None:
-            raise ValueError("outer_delay applies only with fragments=F (streamed outer steps)")
+            raise ValueError(f"{d_name} applies only with {f_name}=F (streamed outer steps)")
         return None
     if local_steps is None:
-        raise ValueError("fragments applies only with local_steps=H (it streams the outer steps of local steps)")
+        raise ValueError(f"{f_name} applies only with {h_name}=H (it streams the outer steps of local steps)")
     if isinstance(fragments, bool) or not isinstance(fragments, numbers.Integral) or not 1 <= fragments <= local_steps:
-        raise ValueError(f"fragments must be an int in [1, local_steps={local_steps}], got {fragments!r}")
+        raise ValueError(f"{f_name} must be an int in [1, {h_name}={local_steps}], got {fragments!r}")
     delay = int(1 < fragments < local_steps) if outer_delay is None else outer_delay
     if isinstance(delay, bool) or not isinstance(delay, numbers.Integral) or not 0 <= delay * fragments < local_steps:
-        raise ValueError(f"outer_delay must be an int >= 0 below local_steps / fragments = {local_steps}/{fragments}, "
+        raise ValueError(f"{d_name} must be an int >= 0 below {h_name} / {f_name} = {local_steps}/{fragments}, "
                          f"got {outer_delay!r}")
     return int(fragments), int(delay)
