@@ -8,7 +8,8 @@ The layers, each depending only on those before it:
                 training, the demo) and the `lioncub` command (lioncub.cli)
 
 The torch-dependent names are imported lazily, so that `lioncub.simulator` (which must not import torch) can be
-used on machines without it. `lioncub.amp` and `lioncub.checkpoint` name the integrations' modules.
+used on machines without it. `lioncub.checkpoint` (and the deprecated `lioncub.amp`) are modules:
+`from lioncub.checkpoint import save` works.
 """
 
 __version__ = "0.1.0"
@@ -29,7 +30,7 @@ _LAZY = {
     "Geometric": "lioncub.optim.schedules",
     "Adaptive": "lioncub.optim.schedules",
 }
-_MODULES = {"amp": "lioncub.integrations.amp", "checkpoint": "lioncub.integrations.checkpoint"}
+_MODULES = {"amp": "lioncub.amp", "checkpoint": "lioncub.checkpoint"}  # real modules: lioncub/amp.py, ...
 
 __all__ = sorted(_LAZY) + ["__version__"]
 
@@ -42,3 +43,8 @@ def __getattr__(name):
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
     raise AttributeError(f"module 'lioncub' has no attribute {name!r}")
+
+
+def __dir__():
+    """The lazy exports too, so that dir(lioncub) and tab completion list them."""
+    return sorted(set(globals()) | set(_LAZY) | set(_MODULES))

@@ -28,6 +28,9 @@ FOREIGN_PRIVATE = {
     ("lioncub.apps.train.lab", "os._exit"): "leave a forked child without running the parent's atexit",
     ("lioncub.comm.clean_exit", "t._use_count"): "whether Gloo's worker still holds a collective's tensor (no "
                                                  "public way; the exit waits until it does not)",
+    ("lioncub.integrations.checkpoint", "dist.distributed_c10d._get_default_store"):
+        "torch.distributed's store, where each rank says it called save/load before any enters DCP's collectives "
+        "(a rank-0-only call is refused in one line instead of hanging)",
     ("lioncub.kernels.triton_interpreter", "interp._patch_lang_tensor"):
         "teach the Triton interpreter (tests on CPU) what the compiler does; docs/KERNELS.md",
 }

@@ -37,7 +37,8 @@ except ImportError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").rglob("*.md"))
 RUN, SHELL, DATA = {"python"}, {"console", "bash"}, {"json", "yaml", "toml"}
-ALLOWED = {"text": "program output, formulas or layouts: nothing to run"}
+ALLOWED = {"text": "program output, formulas or layouts: nothing to run",
+           "diff": "a patch included from a file (--8<--), which a test applies and runs"}
 README_LIMIT = 12 * 1024
 LOOP_BY_LINE = 40
 ADVISE_BEGIN, ADVISE_END = "<!-- lioncub advise --markdown: begin -->", "<!-- lioncub advise --markdown: end -->"
@@ -204,7 +205,8 @@ def _tested_files() -> str:
     return "\n".join(p.read_text() for p in (ROOT / "tests").rglob("*.py"))
 
 
-@pytest.mark.parametrize("block", [b for b in ALL if b.lang in RUN and b.snippets is not None], ids=_id)
+@pytest.mark.parametrize("block", [b for b in ALL if b.lang in RUN | {"diff"} and b.snippets is not None],
+                         ids=_id)
 def test_included_files_exist_and_run_in_the_tests(block):
     tests = _tested_files()
     for path in block.snippets:

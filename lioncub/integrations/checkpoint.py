@@ -37,8 +37,13 @@ world size and restart on another.
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
+import os
+import pickle
+import shutil
+import uuid
 import warnings
 
 import torch
@@ -48,20 +53,137 @@ from lioncub.optim.stats import CommStats
 
 log = logging.getLogger("lioncub")
 FORMAT = 1
+WAIT_S = 120.0  # how long save / load wait for every rank to call them (then: the one-line error)
+_CALLS: dict[tuple, int] = {}  # (the group's ranks) -> saves and loads so far: each call's name in the store
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read as asked (called on some ranks only, incomplete, unsafe)."""
+
+
+class UnsafeCheckpointError(CheckpointError):
+    """A checkpoint that holds something other than plain data (a pickled object): refused, never run."""
 _LOAD_RANKS_AT_ONCE = 8  # saved ranks whose momenta one dcp.load reads when averaging (bounds the memory)
 
 
-def _dcp(fn, state: dict, path: str, opt) -> None:
-    """dcp.save or dcp.load on the optimizer's process group, or in a single process (quietly: torch warns
-    that it assumes so)."""
+def _group_of(opt):
+    """The optimizer's process group if torch.distributed is initialised (None: a single process)."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        fn(state, checkpoint_id=path, process_group=opt.process_group)
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    return opt.process_group or dist.group.WORLD
+
+
+def _dcp_save(state: dict, path: str, opt) -> None:
+    """dcp.save on the optimizer's process group, or in a single process (quietly: torch warns that it assumes
+    so)."""
+    if _group_of(opt) is not None:
+        dcp.save(state, checkpoint_id=path, process_group=opt.process_group)
         return
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
-        fn(state, checkpoint_id=path, no_dist=True)
+        dcp.save(state, checkpoint_id=path, no_dist=True)
+
+
+class _SafeUnpickler(pickle.Unpickler):
+    """DCP's .metadata is a pickle (torch reads it with pickle.load): this reads it with only the classes DCP's
+    metadata is made of, so a checkpoint folder someone else can write cannot run code in the job."""
+
+    ALLOWED = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+               ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+               ("collections", "OrderedDict"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+    METADATA = ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
+                "TensorProperties", "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING")
+
+    def find_class(self, module, name):
+        if (module, name) in self.ALLOWED or (module == "torch.distributed.checkpoint.metadata"
+                                               and name in self.METADATA):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not part of a checkpoint's metadata")
+
+
+class _SafeReader(dcp.FileSystemReader):
+    """A FileSystemReader whose .metadata is read by _SafeUnpickler (tensors are read with weights_only=True by
+    torch already)."""
+
+    def read_metadata(self, *args, **kwargs):
+        from torch.distributed.checkpoint.metadata import StorageMeta
+
+        path = os.path.join(str(self.path), ".metadata")
+        try:
+            with open(path, "rb") as f:
+                metadata = _SafeUnpickler(f).load()
+        except pickle.UnpicklingError as exc:
+            raise UnsafeCheckpointError(f"{path}: refused to load: {exc} (lioncub loads checkpoints as plain "
+                                        f"data only)") from None
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class _SafePlanner(dcp.DefaultLoadPlanner):
+    """DCP's load planner, but a non-tensor entry is read with torch.load(weights_only=True) (torch's own uses
+    weights_only=False: any pickled object would run). The state dict is flat (dotted names)."""
+
+    def __init__(self, path: str):
+        super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+        self.path = path
+
+    def load_bytes(self, read_item, value) -> None:
+        name = read_item.dest_index.fqn
+        try:
+            self.state_dict[name] = torch.load(value, weights_only=True)
+        except pickle.UnpicklingError as exc:
+            first = str(exc).strip().splitlines()[0]
+            raise UnsafeCheckpointError(f"{self.path}: refused to load the entry {name!r}, which is not plain data "
+                                        f"({first}): lioncub loads checkpoints as plain data only") from None
+
+
+def _dcp(fn, state: dict, path: str, opt) -> None:
+    assert fn is dcp.load
+    load_dcp(state, path, _group_of(opt))
+
+
+def load_dcp(state: dict, path: str, process_group=None) -> None:
+    """dcp.load as plain data: DCP's .metadata read with an allow-list of its own classes, each non-tensor entry
+    with torch.load(weights_only=True) (torch's DCP unpickles both without restriction). The nested dict is
+    loaded under its dotted names (as dcp.save flattened it), tensors in place, other values put back.
+
+    Args:
+        state: the nested dict to load into, as for dcp.load.
+        path: the checkpoint directory.
+        process_group: the ranks that load it together (every one calls it); None: a single process.
+
+    Raises:
+        UnsafeCheckpointError: the checkpoint holds a pickled object (refused, never run).
+    """
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    flat, where = flatten_state_dict(state)  # (the names dcp.save gave the entries)
+    kwargs = dict(storage_reader=_SafeReader(path), planner=_SafePlanner(path))
+    try:
+        if process_group is not None:
+            dcp.load(flat, process_group=process_group, **kwargs)
+        else:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+                dcp.load(flat, no_dist=True, **kwargs)
+    except CheckpointException as exc:  # (DCP gathers every rank's failure: ours say it in one line)
+        for failure in exc.failures.values():
+            err = failure[0] if isinstance(failure, tuple) else failure
+            if isinstance(err, CheckpointError):
+                raise type(err)(str(err)) from None
+        raise
+    for name, keys in where.items():
+        node = state
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = flat[name]
 
 
 def _params(opt) -> list:
@@ -98,64 +220,247 @@ def _local_entries(opt, meta: dict, mine: dict) -> dict:
     return shared
 
 
-def save(path: str, model: torch.nn.Module, opt) -> None:
-    """Save a model and its LionCub optimizer as one torch.distributed.checkpoint (DCP) directory.
+def save(path: str, model: torch.nn.Module, opt, extra: dict | None = None, *, timeout: float = WAIT_S) -> None:
+    """Save a model, its LionCub optimizer and the script's own metadata as one torch.distributed.checkpoint
+    (DCP) directory.
 
     The model is written once (replicated); each rank's momentum, statistics and (with local steps) residuals
-    go into that rank's own file. A save that did not finish cannot be loaded (DCP writes its metadata last).
+    go into that rank's own file. The save is atomic: it is written beside `path` and put in its place once
+    complete, so saving again to one folder replaces the old checkpoint only when the new one is whole (a save
+    that dies midway leaves the old one), and prints no overwrite warning.
 
     Args:
-        path: the checkpoint directory.
+        path: the checkpoint directory: on a filesystem every rank reads (a multi-node job: a shared one), or
+            see docs/integrations.md for node-local disks.
         model: the model the optimizer trains (its `state_dict()` is saved).
         opt: the `lioncub.LionCub` optimizer.
+        extra: the script's own metadata (step, config, best loss, ...): plain data that JSON holds (dicts with
+            string keys, lists, strings, numbers, booleans, None); `load` returns it as `info["extra"]`.
+        timeout: seconds to wait for every rank to call it; a rank that does not (a save under
+            `if rank == 0:`) makes it raise `CheckpointError` in one line instead of hanging.
 
     Example:
         Every rank of the optimizer's process group calls it (a collective):
 
-            lioncub.checkpoint.save(f"ckpt/{step}", model, opt)
+            lioncub.checkpoint.save(f"ckpt/{step}", model, opt, extra={"step": step, "config": config})
     """
+    path = os.fspath(path)
+    extra_json = _extra_json(extra)
     sd = opt.state_dict()
-    extra = sd["lioncub"]
-    meta = dict(format=FORMAT, world_size=opt.world_size, step=extra["step"], method=extra["method"],
-                levels=extra["levels"], dense_warmup=extra.get("dense_warmup", 0),
-                momenta_identical=bool(extra["momenta_identical"]), param_groups=sd["param_groups"],
+    lc = sd["lioncub"]
+    meta = dict(format=FORMAT, world_size=opt.world_size, step=lc["step"], method=lc["method"],
+                levels=lc["levels"], dense_warmup=lc.get("dense_warmup", 0),
+                momenta_identical=bool(lc["momenta_identical"]), param_groups=sd["param_groups"],
                 shapes=[list(p.shape) for p in _params(opt)], node_size=opt.node_size)
     momenta = {str(i): opt.state[p]["exp_avg"] for i, p in enumerate(_params(opt)) if "exp_avg" in opt.state[p]}
-    mine = {"exp_avg": momenta, "stats": json.dumps(extra["stats"])}
-    if "momentum_shards" in extra:
-        mine["momentum_shards"] = {str(k): t for k, t in enumerate(extra["momentum_shards"])}
+    mine = {"exp_avg": momenta, "stats": json.dumps(lc["stats"])}
+    if "momentum_shards" in lc:
+        mine["momentum_shards"] = {str(k): t for k, t in enumerate(lc["momentum_shards"])}
     shared = _local_entries(opt, meta, mine) if opt.local is not None else {}
     state = {"model": model.state_dict(),
-             "lioncub": {"meta": json.dumps(meta, default=_jsonable), **({"local": shared} if shared else {})},
+             "lioncub": {"meta": json.dumps(meta, default=_jsonable), "extra": extra_json,
+                         **({"local": shared} if shared else {})},
              f"rank{opt.rank}": mine}
-    _dcp(dcp.save, state, path, opt)
+    meet = _Meeting("save", path, opt, timeout)
+    tmp = f"{path}.lioncub-saving-{meet.token}"
+    _dcp_save(state, tmp, opt)
+    seen = _visible(os.path.join(tmp, ".metadata"))  # rank 0 wrote it last: is this rank on rank 0's filesystem?
+    if not seen:
+        meet.count("unshared", 1)
+    meet.barrier()  # (every rank has looked before any moves it)
+    _replace(path, tmp, meet.token)
+    unshared = meet.finish("unshared")
+    if not seen:
+        log.warning("lioncub.checkpoint.save: rank %d does not see the .metadata that rank 0 wrote in %s: that "
+                    "folder is not on a filesystem every rank shares, so this rank's files alone cannot be "
+                    "loaded: copy every rank's files and rank 0's .metadata into one folder before resuming "
+                    "(docs/integrations.md, Checkpoints)", opt.rank, path)
+    elif unshared and opt.rank == 0:
+        log.warning("lioncub.checkpoint.save: %d of %d ranks do not see %s/.metadata (a node-local disk?): gather "
+                    "every rank's files and the .metadata into one folder before resuming", unshared,
+                    opt.world_size, path)
 
 
-def load(path: str, model: torch.nn.Module, opt) -> dict:
+def _extra_json(extra) -> str:
+    """The script's metadata as JSON, checked to come back as it went in."""
+    if extra is None:
+        return "null"
+    if not isinstance(extra, dict):
+        raise TypeError(f"extra must be a dict of plain data, got {type(extra).__name__}")
+    try:
+        text = json.dumps(extra, allow_nan=True)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"extra must hold plain data (dicts with str keys, lists, str, numbers, bool, None): "
+                        f"{exc}") from None
+    if json.loads(text) != extra:
+        raise TypeError("extra must hold plain data that JSON gives back unchanged (dicts with str keys, lists "
+                        "rather than tuples, str, numbers, bool, None)")
+    return text
+
+
+def _visible(file: str) -> bool:
+    """Whether this rank sees `file` (opened, not stat'ed: NFS revalidates on open)."""
+    try:
+        with open(file, "rb"):
+            return True
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+class _Meeting:
+    """Every rank of the optimizer's group calls save / load, or none goes on: each rank names itself in
+    torch.distributed's store and waits up to `timeout` seconds for the others (a DCP collective entered by some
+    ranks only would hang). `token` is the same on every rank."""
+
+    def __init__(self, what: str, path: str, opt, timeout: float, flag: bool = False):
+        self.group = _group_of(opt)
+        self.flagged = int(flag)
+        if self.group is None:  # a single process
+            self.token = uuid.uuid4().hex
+            return
+        import datetime
+        import hashlib
+
+        import torch.distributed as dist
+
+        self.ranks = tuple(dist.get_process_group_ranks(self.group))
+        key = (what, self.ranks)
+        n = _CALLS.get(key, 0)
+        sig = hashlib.sha1(",".join(map(str, self.ranks)).encode()).hexdigest()[:12]
+        self.prefix = f"lioncub/checkpoint/{sig}/{what}{n}/"
+        self.store = dist.distributed_c10d._get_default_store()
+        me = dist.get_rank()
+        if flag:
+            self.store.add(self.prefix + "flag", 1)
+        if me == self.ranks[0]:
+            self.store.set(self.prefix + "token", uuid.uuid4().hex)
+        self.store.set(self.prefix + str(me), "here")
+        try:
+            self.store.wait([self.prefix + "token"] + [self.prefix + str(r) for r in self.ranks],
+                            datetime.timedelta(seconds=timeout))
+        except (RuntimeError, dist.DistStoreError):
+            here = [r for r in self.ranks if self.store.check([self.prefix + str(r)])]
+            self.store.delete_key(self.prefix + str(me))  # (a later call starts afresh)
+            if flag:
+                self.store.add(self.prefix + "flag", -1)
+            missing = sorted(set(self.ranks) - set(here))
+            raise CheckpointError(_MISSING[what].format(path=path, here=_ranks(here), missing=_ranks(missing),
+                                                        timeout=timeout)) from None
+        _CALLS[key] = n + 1
+        self.token = self.store.get(self.prefix + "token").decode()
+        if what == "load":
+            self.flagged = self.count("flag", 0)
+
+    def count(self, name: str, add: int) -> int:
+        return self.flagged if self.group is None else self.store.add(self.prefix + name, add)
+
+    def barrier(self) -> None:
+        if self.group is not None:
+            import torch.distributed as dist
+
+            dist.barrier(group=self.group)
+
+    def finish(self, name: str) -> int:
+        """After every rank is done (a barrier): the count `name`."""
+        if self.group is None:
+            return 0
+        self.barrier()
+        return self.count(name, 0)
+
+
+def _ranks(ranks) -> str:
+    return ", ".join(map(str, ranks)) if len(ranks) <= 8 else f"{len(ranks)} ranks ({ranks[0]}..{ranks[-1]})"
+
+
+_MISSING = {
+    "save": ("lioncub.checkpoint.save({path!r}) was called on rank {here} but not on rank {missing} within "
+             "{timeout:.0f} s: it is a collective, so call it on every rank (not under `if rank == 0:`): "
+             "`lioncub.checkpoint.save(path, model, opt, extra={{...}})`; to save on rank 0 alone, "
+             "`torch.save({{'model': model.state_dict(), 'optimizer': opt.state_dict()}}, path)` works (rank 0's "
+             "momentum)"),
+    "load": ("lioncub.checkpoint.load({path!r}) was called on rank {here} but not on rank {missing} within "
+             "{timeout:.0f} s: it is a collective, so every rank calls it after building the model and the "
+             "optimizer: `info = lioncub.checkpoint.load(path, model, opt)`"),
+}
+
+
+def _replace(path: str, tmp: str, token: str) -> None:
+    """Put the finished save `tmp` in `path`'s place: the first rank to get here on each filesystem does it (an
+    exclusive lock file), moving the old checkpoint aside first and deleting it last, so that some complete
+    checkpoint is on disk at every moment; `load` finds the new one if a job dies between the two renames."""
+    lock = os.path.join(tmp, ".lioncub-replacing")
+    try:
+        os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except (FileExistsError, FileNotFoundError):
+        return  # another rank on this filesystem does it (or did)
+    old = None
+    if os.path.lexists(path):
+        old = f"{path}.lioncub-old-{token}"
+        os.rename(path, old)
+    os.rename(tmp, path)
+    os.remove(os.path.join(path, ".lioncub-replacing"))
+    for stale in sorted({old} - {None} | set(glob.glob(glob.escape(path) + ".lioncub-*"))):
+        if os.path.isdir(stale) and not os.path.islink(stale):
+            shutil.rmtree(stale, ignore_errors=True)  # the old one, and any that a save died writing
+        elif os.path.lexists(stale):
+            os.remove(stale)
+
+
+def _complete(path: str) -> str | None:
+    """The checkpoint to read for `path`: itself if complete (DCP writes .metadata last), else the newest
+    complete one a save left beside it when it died between its two renames (said in the log); None if none."""
+    if _visible(os.path.join(path, ".metadata")):
+        return path
+    left = [p for p in glob.glob(glob.escape(path) + ".lioncub-saving-*") + glob.glob(glob.escape(path) +
+            ".lioncub-old-*") if _visible(os.path.join(p, ".metadata"))]
+    if not left:
+        return None
+    newest = max(left, key=lambda p: ("saving" in os.path.basename(p), os.path.getmtime(os.path.join(p, ".metadata"))))
+    log.warning("lioncub.checkpoint.load: %s is incomplete (a save died while replacing it); loading %s", path,
+                newest)
+    return newest
+
+
+def load(path: str, model: torch.nn.Module, opt, *, timeout: float = WAIT_S) -> dict:
     """Load a checkpoint written by `save` into a model and a LionCub optimizer, on any number of ranks.
 
     On the saved world size every rank reads its own momentum (bit-exact). On another, every rank takes rank
     0's momenta if they were identical, else the average of all the saved ranks' momenta, and logs which.
-    Checkpoints of the node layout or with local steps resume on the same world (and node) size only.
+    Checkpoints of the node layout or with local steps resume on the same world (and node) size only. Every
+    entry is read as plain data (DCP's metadata with an allow-list, values with `torch.load(weights_only=True)`):
+    a checkpoint that carries a pickled object is refused (`UnsafeCheckpointError`), never run.
 
     Args:
         path: the directory `save` wrote.
         model: the model, built as for the saved run.
         opt: the `lioncub.LionCub` optimizer, built as for the saved run.
+        timeout: seconds to wait for every rank to call it (then `CheckpointError`, never a hang).
 
     Returns:
-        What it did: `{"saved_world_size": int, "world_size": int, "momenta": "own" | "rank0" | "average",
-        "step": int}`.
+        What it did, and the script's metadata: `{"saved_world_size": int, "world_size": int,
+        "momenta": "own" | "rank0" | "average", "step": int, "extra": what save's `extra` was (or None)}`.
 
     Example:
         Every rank, after building the model and the optimizer:
 
             info = lioncub.checkpoint.load("ckpt/1000", model, opt)
-            print(info["step"], info["momenta"])
+            start = info["extra"]["step"]
     """
-    meta = _load_model_and_meta(path, model, opt)
+    path = os.fspath(path)
+    found = _complete(path)
+    meet = _Meeting("load", path, opt, timeout, flag=found is None)
+    if meet.flagged:
+        where = "this rank" if found is None else f"{meet.flagged} rank(s)"
+        raise CheckpointError(f"{path}: no complete checkpoint on {where} (no .metadata, which rank 0 writes last): "
+                              f"the save did not finish, or the folder is on a disk some ranks do not share "
+                              f"(copy every rank's files and the .metadata into one folder every rank reads)")
+    return _load(found, model, opt)
+
+
+def _load(path: str, model: torch.nn.Module, opt) -> dict:
+    meta, script = _load_model_and_meta(path, model, opt)
     if meta.get("node_size", 1) > 1 or opt.node_size > 1:
-        return _load_shards(path, opt, meta)
+        return dict(_load_shards(path, opt, meta), extra=script)
     saved_n, n, rank = meta["world_size"], opt.world_size, opt.rank
     _check_local(path, meta, opt)
     if saved_n == n:
@@ -182,15 +487,21 @@ def load(path: str, model: torch.nn.Module, opt) -> dict:
                 "their momenta were identical, every rank takes rank 0's" if how == "rank0" else
                 "each rank had its own momentum; every rank starts from their average (the policy for a "
                 "different world size)")
-    return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"])
+    return dict(saved_world_size=saved_n, world_size=n, momenta=how, step=meta["step"], extra=script)
 
 
-def _load_model_and_meta(path: str, model, opt) -> dict:
+def _load_model_and_meta(path: str, model, opt) -> tuple[dict, object]:
     """Load the model (DCP loads in place; load_state_dict then checks every key) and return the checked
-    metadata."""
+    metadata and the script's own."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
     head = {"model": model.state_dict(), "lioncub": {"meta": ""}}
+    entries = _SafeReader(path).read_metadata().state_dict_metadata
+    if isinstance(entries.get("lioncub.extra"), BytesStorageMetadata):  # (checkpoints before 0.2 have none)
+        head["lioncub"]["extra"] = ""
     _dcp(dcp.load, head, path, opt)
     model.load_state_dict(head["model"])
+    extra = json.loads(head["lioncub"].get("extra", "null"))
     meta = json.loads(head["lioncub"]["meta"])
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path}: not a lioncub checkpoint of format {FORMAT} (got {meta.get('format')!r})")
@@ -198,7 +509,7 @@ def _load_model_and_meta(path: str, model, opt) -> dict:
     if meta["shapes"] != shapes:
         raise ValueError(f"{path}: the checkpoint's optimizer has parameters of shapes {meta['shapes']}, this one "
                          f"{shapes}: build the model and the optimizer as for the saved run")
-    return meta
+    return meta, extra
 
 
 def _check_local(path: str, meta: dict, opt) -> None:
@@ -316,4 +627,4 @@ def _load_shards(path: str, opt, meta: dict) -> dict:
     return dict(saved_world_size=saved[0], world_size=opt.world_size, momenta="own", step=meta["step"])
 
 
-__all__ = ["load", "save"]
+__all__ = ["CheckpointError", "UnsafeCheckpointError", "load", "load_dcp", "save"]

@@ -62,9 +62,9 @@ def _layout(method):
     return name, (dict(node_size=2) if hier else {})
 
 
-def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=0):
-    """Clip with opt.clip_grad_norm_ each step; return the norms, the reference norms computed from every
-    rank's gradients, parameters and overlap figures."""
+def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=0, exact=False):
+    """Clip with opt.clip_grad_norm_(max_norm, exact=exact) each step; return the norms, the reference norms
+    computed from every rank's gradients, parameters and overlap figures."""
     log = listen()
     net = model()
     method, layout = _layout(method)
@@ -83,7 +83,7 @@ def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=
             ref = (sum(x.double() for x in gather(g)) / world_size).norm().item()
         else:
             ref = math.sqrt(sum(x.double().square().sum().item() for x in gather(g)) / world_size)
-        norm = opt.clip_grad_norm_(max_norm)
+        norm = opt.clip_grad_norm_(max_norm, exact=exact)
         coef = min(1.0, max_norm / (norm + 1e-6))
         after = flat([p.grad for p in net.parameters()])
         want = g  # the rank's own gradient (averaged by backward for a dense step with overlap)
@@ -99,8 +99,8 @@ def clip_run(rank, world_size, method, overlap, max_norm, steps=3, dense_warmup=
                 warned=any("changed after backward" in m for m in log.messages))
 
 
-def clip_cases(rank, world_size, method, max_norms=(1e-3, 1e3), dense_warmup=0):
-    return {(m, o): clip_run(rank, world_size, method, o, m, dense_warmup=dense_warmup)
+def clip_cases(rank, world_size, method, max_norms=(1e-3, 1e3), dense_warmup=0, exact=False):
+    return {(m, o): clip_run(rank, world_size, method, o, m, dense_warmup=dense_warmup, exact=exact)
             for m in max_norms for o in (True, False)}
 
 

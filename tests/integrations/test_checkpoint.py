@@ -30,7 +30,7 @@ def test_save_on_two_resume_on_two_is_bit_exact_and_on_three_averages(tmp_path):
     three = spawn(safe_cases.ckpt_loaded, 3, path, timeout=60)
     mean = ((saved[0]["momenta"] + saved[1]["momenta"]) / 2).float()
     for r in three:
-        assert r["info"] == dict(saved_world_size=2, world_size=3, momenta="average", step=3)
+        assert r["info"] == dict(saved_world_size=2, world_size=3, momenta="average", step=3, extra=None)
         assert r["step"] == 3 and torch.equal(r["params"], saved[0]["params"])
         assert torch.equal(r["momenta"], three[0]["momenta"])  # the new ranks start identical
         torch.testing.assert_close(r["momenta"], mean)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from lioncub import methods
 from lioncub.apps.train import configs, sharding
 from lioncub.apps.train.data import TEXT_DATASETS, Blobs, text_dataset
 from lioncub.apps.train.models import DEFAULTS, MLP, PRESETS, CharTransformer, GPTConfig, count_params
@@ -33,7 +34,7 @@ AMP = ("none", "bf16")  # TrainConfig.amp: the forward pass in fp32, or under bf
 @dataclass
 class TrainConfig:
     model: str = "char-tiny"
-    method: str = "l1-pbit"  # a configuration (lioncub.apps.train.configs): a LionCub method, or ddp+lion
+    method: str = methods.DEFAULT  # a configuration (lioncub.apps.train.configs): a LionCub method, or ddp+lion
     levels: int | None = None
     momentum_sync: str = "none"  # schedules.parse syntax: none, K, every:K, first:K:M, geometric:K, adaptive
     dense_warmup: int = 0  # steps of the allreduce method before `method` (LionCub's dense_warmup)
@@ -167,10 +168,23 @@ def resume(cfg, model, opt, rank: int, world: int) -> tuple[int, list]:
     if not found:
         return 0, []
     step, paths = found
-    state = torch.load(paths[rank] if len(paths) == world else paths[0], weights_only=False)
+    state = load_plain(paths[rank] if len(paths) == world else paths[0])
     model.load_state_dict(state["model"])
     opt.load_state_dict(state["opt"])
     return state["step"], state["records"]
+
+
+def load_plain(path: str) -> dict:
+    """A checkpoint file read by torch's safe loader (weights_only=True: tensors and plain data only), so that
+    whoever can write the checkpoint folder cannot run code in the job; anything else is refused in one line."""
+    import pickle
+
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise ValueError(f"{path}: refused to load a checkpoint that is not plain data ({first}); lioncub's "
+                         f"checkpoints hold tensors, numbers, strings, lists and dicts only") from None
 
 
 def save_checkpoint(cfg, model, opt, step, rank, records) -> str:

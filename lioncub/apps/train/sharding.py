@@ -112,11 +112,12 @@ def _load_state(path: str, model, opt) -> None:
 
         checkpoint.load(path, model, opt)
         return
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    from lioncub.integrations import checkpoint
+
     state = _plain_state(model, opt)  # the shards' shapes to load into
-    dcp.load(state, checkpoint_id=path)
+    checkpoint.load_dcp(state, path, dist.group.WORLD)  # as plain data: nothing in the folder runs
     set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
