@@ -16,6 +16,7 @@ step() itself communicates, adjacent buckets are exchanged as one (`Run`, `plan`
 
 from __future__ import annotations
 
+import logging
 import weakref
 from typing import NamedTuple
 
@@ -29,6 +30,7 @@ from lioncub.comm import wire
 # 16 KiB of fp32 padding per bucket.
 BUCKET_ALIGN = 4096
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+log = logging.getLogger("lioncub")
 
 
 class Hyper(NamedTuple):
@@ -132,6 +134,7 @@ class BucketSet:
         self.param_groups, self.bucket_bytes, self.node_size = param_groups, bucket_bytes, node_size
         self.private = False  # .grad belongs to another owner (torch DDP, FSDP2)
         self.copies = False  # the buckets hold copies of .grad (torch DDP)
+        self.warned_copies = False  # warn_if_copies_changed said it once
         self.buckets: list[Bucket] = []
         self.where: dict[int, tuple[int, int]] = {}  # id(param) -> (bucket index, index in the bucket)
         self.unused: set[tuple[int, int]] = set()  # (bucket, index): no gradient on this rank this step
@@ -352,6 +355,26 @@ class BucketSet:
                 for p in b.params:
                     if p.grad is not None:
                         p.grad.mul_(factor)
+
+    def warn_if_copies_changed(self, step: int, samples: int = 16) -> None:
+        """Under torch DDP the buckets hold copies of .grad made during backward, and the vote was taken from them:
+        a .grad changed since (torch.nn.utils.clip_grad_norm_, a framework's max_grad_norm) does not reach the
+        update. Say so, once. A clip scales every element, so a few elements of each parameter tell; the
+        comparison waits for the device, so it runs on the first ten steps and every hundredth."""
+        if self.warned_copies or not (step <= 10 or step % 100 == 0):
+            return
+        for b in self.buckets:
+            for _, p, s, e in b.segments():
+                if p.grad is None or p.grad.is_sparse or p.grad.dtype != b.g.dtype:
+                    continue
+                picked = slice(0, e - s, max(1, (e - s) // samples))
+                if not torch.equal(p.grad.detach().reshape(-1)[picked], b.g[s:e][picked]):
+                    log.warning("LionCub: .grad changed after backward (torch.nn.utils.clip_grad_norm_? a "
+                                "framework's max_grad_norm?), but under torch DDP the vote was taken during backward, "
+                                "so the change does not reach the update: clip with opt.clip_grad_norm_(max_norm) "
+                                "between backward and step() (docs: Integrations, clipping).")
+                    self.warned_copies = True
+                    return
 
     def all_finite(self) -> bool:
         return kernels.all_finite([b.g for b in self.buckets])

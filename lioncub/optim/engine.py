@@ -61,6 +61,7 @@ from lioncub.optim import schedules
 from lioncub.optim.backward import BackwardCheck, Overlap
 from lioncub.optim.buckets import BucketSet, Run
 from lioncub.optim.buckets import plan as plan_runs
+from lioncub.optim.clipping import CarriedClip, clipped_beta1
 from lioncub.optim.layout import make_layout
 from lioncub.optim.sharded import ShardedBucketSet, ShardedLayout
 from lioncub.optim.stats import Clock, CommStats
@@ -148,6 +149,8 @@ class ExchangePass:
     sumsq_total: float | None = None  # the sum over ranks, from the control message
     versions: list | None = None  # the gradient buffers' versions when the pass ended
     stale: bool = False  # the gradients were rescaled after the pass (clipping, the scaler)
+    clip_coef: float = 1.0  # the clip coefficient its codec applied to the gradients (Engine.carried_clip)
+    clip_taken: bool = False  # clip_grad_norm_ took the pass for this step's clip (Engine.clipped)
     untouched: frozenset = frozenset()  # (bucket, index) of the parameters no rank gave a gradient
 
     def current(self, step: int, buckets, allow_unconfirmed_scale: bool = False) -> bool:
@@ -187,6 +190,11 @@ SAME_GRADIENTS_WARNING = (
     "LionCub: every rank brought the same gradients to step %d: a model wrapped in DistributedDataParallel "
     "(its all-reduce already averaged them: build LionCub on the unwrapped model, or call "
     "lioncub.attach_ddp(model, opt)) or every rank reading the same data (shard it, e.g. DistributedSampler)")
+
+
+DIFFERENT_PARAMETERS_WARNING = (
+    "LionCub: the ranks' parameters differed at the first step; every rank now has rank 0's, as DDP broadcasts "
+    "at construction (call lioncub.broadcast_parameters(model) after building the model: it covers buffers too)")
 
 
 def fingerprint(grads) -> torch.Tensor:
@@ -232,6 +240,7 @@ class Engine:
         self.momenta_identical = True
         self.pending: ExchangePass | None = None
         self.wants_sumsq = False  # clip_grad_norm_ was called: passes sum the squared gradients
+        self.carried_clip = CarriedClip()  # the last clip_grad_norm_'s coefficient, for the next pass
         self.attached_to = None  # the torch DDP model (lioncub.attach_ddp) that drives backward, if any
         self._exchanges: dict = {}  # (method name, bucket index) -> its exchange
         self._scaler = None  # weakref to the lioncub.GradScaler whose scale passes divide out
@@ -316,6 +325,7 @@ class Engine:
         p = ExchangePass(step=self.steps + 1, method=self.next_method(), overlapped=True)
         if not p.method.dense:
             p.scale = self.loss_scale()
+            p.clip_coef = self.carried_clip.for_pass(p.step)
             p.sumsq = torch.zeros((), dtype=torch.float64, device=self.buckets.device) if self.wants_sumsq else None
         return p
 
@@ -340,8 +350,8 @@ class Engine:
             g, offsets, comm_s = layout.codec_input(b, x, local, inv)
             p.comm_s, t0 = p.comm_s + comm_s, t0 + comm_s
             h = buckets.hyper(b)
-            p.finite.append(x.encode(g, b.m, beta1=h.beta1, beta2=h.beta2, offsets=offsets,
-                                     zero_parity=self.zero_parity(p.step), update_momentum=False))
+            p.finite.append(x.encode(g, b.m, beta1=clipped_beta1(h.beta1, p.clip_coef), beta2=h.beta2,
+                                     offsets=offsets, zero_parity=self.zero_parity(p.step), update_momentum=False))
         t1 = time.perf_counter()
         p.codes.append(x())
         p.quantize_s += t1 - t0
@@ -393,7 +403,11 @@ class Engine:
     def take_pass(self) -> ExchangePass | None:
         """step(): the pass to apply to this step, if any (the slot is emptied either way)."""
         p, self.pending = self.pending, None
+        if p is not None and p.clip_coef != 1.0 and not p.clip_taken:
+            p.stale = True  # its codec clipped, and this step did not: exchange the gradients as they are
         if p is None or p.current(self.steps, self.buckets):
+            if p is not None and p.overlapped and self.attached_to is not None:
+                self.buckets.warn_if_copies_changed(self.steps)
             return p
         if p.step == self.steps and p.scale is not None and not p.scale_confirmed and not p.stale:
             self._scaler = None  # the scaler did not unscale this step's gradients: it is no longer in use
@@ -420,16 +434,23 @@ class Engine:
         p.comm_s = p.exposed_s = time.perf_counter() - t0
         self.pending = p
 
-    def rescaled(self, p: ExchangePass | None) -> None:
-        """The gradients were multiplied by a factor after pass p (clipping, the scaler): a vote p took on
-        them is stale (step() takes it again, without the warning); gradients averaged for a dense step stay
-        averaged."""
+    def clipped(self, p: ExchangePass | None, coef: float, exact: bool) -> None:
+        """clip_grad_norm_ multiplied the gradients by `coef` (1: it did not bite) after pass p. Gradients
+        averaged for a dense step stay averaged. A vote p took stands if its codec applied `coef`, or, unless
+        `exact`, any coefficient (the approximation: its codec read the previous step's coefficient, and the
+        deferred momentum update reads the clipped gradients); else it is stale (step() takes it again, without
+        the warning). The next pass carries `coef` (lioncub.optim.clipping)."""
+        self.carried_clip.record(self.steps + 1, coef, exact)
         if p is None:
             return
-        if p.method.dense:
-            p.versions = self.buckets.versions()
-        else:
+        if not p.method.dense and exact and (coef != 1.0 or p.clip_coef != 1.0):
             p.stale = True
+            return
+        if coef != 1.0:
+            if not p.method.dense:
+                self.layout.clipped_pass([self.exchange_of(k, p.method) for k in range(len(self.buckets))], coef)
+            p.versions = self.buckets.versions()
+        p.clip_taken = True
 
     # --- the step ---------------------------------------------------------------------------------------
 
@@ -441,6 +462,7 @@ class Engine:
         self.steps += 1
         self.stats.steps += 1
         self.buckets.adopt_moved_params()
+        self.start_equal()
         method = self.method_at(self.steps)
         done = self.take_pass()
         overlapped = done is not None and done.overlapped
@@ -646,6 +668,17 @@ class Engine:
     def grads_finite(self) -> bool:
         """Whether every gradient of this rank is finite (one host sync), from finite_flags."""
         return not bool(kernels.nonfinite_flag(self.finite_flags())) if len(self.buckets) else True
+
+    def start_equal(self) -> None:
+        """At a run's first step, before its first update: every rank must hold the same parameters, as DDP
+        guarantees. One 16-byte all-reduce of their fingerprint (layout.same_parameters); if they differ, every
+        rank takes rank 0's (a broadcast per bucket) and rank 0 warns once. Not on a resumed run's steps (a
+        checkpoint's step count): with local steps the replicas differ between outer steps."""
+        if self.steps == 1 and self.buckets:
+            if self.layout.same_parameters(self.buckets) is False:
+                self.layout.broadcast_parameters(self.buckets)
+                if self.rank == 0:
+                    log.warning(DIFFERENT_PARAMETERS_WARNING)
 
     def check_replicas(self) -> None:
         """On a run's first compressed step: warn (rank 0) if every rank's gradients are the same (the layout

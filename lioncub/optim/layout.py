@@ -109,6 +109,28 @@ class FlatLayout:
             return None, []
         return equal_everywhere(fingerprint, self.group, device), [wire.SAME_GRADIENTS]
 
+    def same_parameters(self, buckets) -> bool | None:
+        """Whether every rank holds the same parameters in `buckets` (Engine.start_equal): one 16-byte MAX
+        all-reduce of (f, -f), f their bytes_fingerprint (the maximum equals the negated minimum exactly when
+        every rank sent the same f), not counted in the statistics (a set-up collective, as the node-size
+        agreement). None with one rank."""
+        if self.world_size == 1:
+            return None
+        f = bytes_fingerprint(b.p for b in buckets)
+        mine = torch.stack([f, -f])
+        t = mine.to(buckets.device, copy=True)
+        transport.call("all_reduce (same parameters)", dist.all_reduce, t, op=dist.ReduceOp.MAX, group=self.group)
+        return torch.equal(t.cpu(), mine)
+
+    def broadcast_parameters(self, buckets) -> None:
+        """Every rank takes the parameters of the group's rank 0 (one broadcast per bucket)."""
+        for b in buckets:
+            transport.call("broadcast (parameters)", dist.broadcast, b.p, group=self.group, group_src=0)
+
+    def clipped_pass(self, exchanges, factor: float) -> None:
+        """clip_grad_norm_ multiplied the gradients by `factor` after a pass exchanged them: what that pass's
+        deferred momentum update reads must be scaled alike. Here it reads the buckets' gradients, scaled."""
+
     def agreement(self, codec, buckets, xs, codes, levels: int) -> float | None:
         return schedules.agreement(codec, codes, [b.n for b in buckets], self.world_size, levels,
                                    [x.layout for x in xs])
@@ -197,6 +219,11 @@ class NodeLayout(ShardLayout):
     def apply(self, b, x, code, h, deferred: bool = False) -> None:
         x.apply_shards(b, code, h, deferred)
 
+    def clipped_pass(self, exchanges, factor: float) -> None:
+        """The deferred momentum update reads each exchange's node mean (`grad`, taken before the clip)."""
+        for x in exchanges:
+            x.grad.mul_(factor)
+
     def dense_step(self, buckets) -> list:
         """Each rank forms sign(c) of its shard with its momentum shard and the node all-gathers the signs
         (SignGather): bit-identical to Lion on the mean gradient."""
@@ -233,6 +260,28 @@ def _mismatch(saved: dict, shards, buckets, layout) -> None:
             f"this checkpoint was saved with {saved_n} ranks in nodes of {saved_g}; this optimizer has "
             f"{layout.world_size} in nodes of {layout.node_size}: a hierarchical optimizer keeps momentum shards, "
             f"so resume it on the same layout (same world size, node size and buckets)")
+
+
+FINGERPRINT_PIECE = 1 << 20  # words per piece: bounds the int64 temporaries to 24 MiB
+
+
+def bytes_fingerprint(tensors) -> torch.Tensor:
+    """A 0-dim int64 fingerprint of the tensors' bytes: sum_j w_j (2j + 1) mod 2^64 over their words w_j (the
+    int32 or int16 views, tensor after tensor). Exact integer arithmetic, so equal bytes give equal fingerprints
+    in any summation order and on any device. It changes with any one word (2j + 1 is odd, so invertible mod
+    2^64) and with a swap of two unequal words (below 2^31 words); other differences collide with a chance of
+    about 2^-64."""
+    total = torch.zeros((), dtype=torch.int64)
+    at = 0
+    for t in tensors:
+        words = t.detach().reshape(-1).view(torch.int32 if t.element_size() == 4 else torch.int16)
+        for s in range(0, words.numel(), FINGERPRINT_PIECE):
+            piece = words[s : s + FINGERPRINT_PIECE].long()
+            odd = torch.arange(2 * (at + s) + 1, 2 * (at + s + piece.numel()), 2, dtype=torch.int64,
+                               device=piece.device)
+            total += piece.mul_(odd).sum().cpu()
+        at += words.numel()
+    return total
 
 
 def make_layout(group, node_size, spec, device) -> FlatLayout:

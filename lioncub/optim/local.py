@@ -221,6 +221,7 @@ class LocalStepDriver:
         e.steps += 1
         e.stats.steps += 1
         e.buckets.adopt_moved_params()
+        e.start_equal()  # (before the anchor is taken)
         e.buckets.collect()
         if self.anchor is None:
             self.take_anchor()

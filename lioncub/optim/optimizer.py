@@ -2,8 +2,9 @@
 
 Do not wrap the model in DDP: the optimizer does all communication itself, for every method including
 the `allreduce` baseline, so switching methods changes one argument. Call `broadcast_parameters(model)`
-once so every rank starts from the same weights. By default each bucket's exchange runs during backward,
-as soon as its gradients are final (lioncub.optim.backward); `step()` applies the agreed update.
+once so every rank starts from the same weights (the first step checks it: LionCub's docstring). By default
+each bucket's exchange runs during backward, as soon as its gradients are final (lioncub.optim.backward);
+`step()` applies the agreed update.
 
 This class is the torch.optim face of the engine (lioncub.optim.engine): arguments, param groups and
 state, step(), zero_grad(), no_sync(), clipping, momentum sync and checkpoints. Use `opt.zero_grad()`: it
@@ -116,6 +117,14 @@ class LionCub(torch.optim.Optimizer):
     Call `opt.clip_grad_norm_(max_norm)` (not torch.nn.utils.clip_grad_norm_) between backward and step to clip,
     and use `lioncub.GradScaler` for fp16 loss scaling: both agree across ranks. Set `opt.timing = True` to time
     every phase exactly (`timing`).
+
+    Replicas start equal, as DDP guarantees: before a run's first update (its first step(), also with local
+    steps and under lioncub.attach_ddp) the ranks compare their parameters in one 16-byte all-reduce of a
+    fingerprint of their bytes (lioncub.optim.layout.bytes_fingerprint: any one differing word is seen). If
+    they differ, every rank takes rank 0's (a broadcast per bucket) and rank 0 warns once: call
+    `lioncub.broadcast_parameters(model)` after building the model, which covers buffers too. Not checked:
+    buffers, parameters the optimizer does not train, FSDP2's shards (lioncub.attach_fsdp), one process, a
+    resumed run (from a checkpoint's step on).
 
     Args:
         params: parameters or param groups (lr, betas, weight_decay may differ per group).
@@ -327,7 +336,7 @@ class LionCub(torch.optim.Optimizer):
         return loss
 
     @torch.no_grad()
-    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6) -> float:
+    def clip_grad_norm_(self, max_norm: float, eps: float = 1e-6, exact: bool = False) -> float:
         """Clip the gradients by one coefficient that is the same on every rank; returns the norm it used
         (a float, the same on every rank). Call it between backward and step(), after scaler.unscale_(opt)
         under AMP.
@@ -341,10 +350,16 @@ class LionCub(torch.optim.Optimizer):
         norm of the mean). Every rank's gradient is multiplied by min(1, max_norm / (norm + eps)); a
         non-finite norm leaves them as they are (the step will be skipped).
 
-        Cost: with overlap the sums of squares travel in the backward pass's control message (from the
-        second call on), so there is no extra collective, and the overlapped exchange stands when the
-        coefficient is 1; when it is below 1, step() exchanges the clipped gradients again. Without overlap:
-        one 16-byte all-reduce (compressed methods)."""
+        Overlap: the sums of squares travel in the backward pass's control message (from the second call on),
+        so there is no extra collective, and the overlapped exchange stands: a dense step clips the mean exactly;
+        a compressed step's vote, formed during backward before the norm is known, read the previous step's
+        coefficient s' (c = b1*m + (1-b1)*s'*g; s' = 1 after a step that did not clip), while the momentum
+        update, the norm and the gradients left in .grad take this step's coefficient s. The vote is exact
+        where s = s' (no clipping, or step 1, whose momentum is zero) and otherwise weighs g against m by
+        s'/s. `exact=True` keeps the exact clip: where s or s' is below 1 step() exchanges the clipped
+        gradients again, outside the overlap (research/notebook/results/clip-overlap measures both).
+        Without overlap (overlap=False, local steps) the clip is exact at no extra exchange, for one 16-byte
+        all-reduce (compressed methods)."""
         if not max_norm > 0:
             raise ValueError(f"max_norm must be > 0, got {max_norm}")
         engine = self.engine
@@ -369,12 +384,13 @@ class LionCub(torch.optim.Optimizer):
                 _, total, _ = agree_control(0, total_sum_squares(buckets), engine.layout.group, buckets.device)
             norm = math.sqrt(total / copies)
         coef = max_norm / (norm + eps)
-        if math.isfinite(norm) and coef < 1.0:
+        coef = coef if math.isfinite(norm) and coef < 1.0 else 1.0
+        if coef < 1.0:
             if engine.backward_check is not None:
                 engine.backward_check.scale(buckets, coef)
             else:
                 buckets.scale_(coef)
-            engine.rescaled(done)
+        engine.clipped(done, coef, exact)
         return norm
 
     def sync_momentum(self) -> None:

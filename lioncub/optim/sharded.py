@@ -203,6 +203,10 @@ class ShardedLayout(ShardLayout):
         """Not told here: the buckets hold shards of the node's mean (FSDP's reduce-scatter)."""
         return None, []
 
+    def same_parameters(self, buckets) -> None:
+        """Not told here: each rank of a node holds another shard (and FSDP2 holds the parameters)."""
+        return None
+
     def norm_copies(self, dense: bool) -> int:
         """Each node's shards partition its mean gradient, so the world's sum counts every node's mean once:
         the norm is the RMS over nodes of the node means' norms (dense: of the one mean every node holds)."""

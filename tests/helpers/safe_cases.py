@@ -108,7 +108,7 @@ def clip_cases(rank, world_size, method, max_norms=(1e-3, 1e3), dense_warmup=0, 
 
 
 def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflow_rank=1, clip=None,
-            plain_torch_scaler=False):
+            plain_torch_scaler=False, exact=True):
     """fp16 autocast + lioncub.GradScaler; rank `overflow_rank` multiplies its loss by 1e30 at
     `overflow_step` (its fp16 backward overflows)."""
     from lioncub.integrations.amp import GradScaler
@@ -130,7 +130,7 @@ def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflo
         before = flat(net.parameters())
         if clip is not None:
             scaler.unscale_(opt)
-            opt.clip_grad_norm_(clip)
+            opt.clip_grad_norm_(clip, exact=exact)
         try:
             scaler.step(opt)
         except RuntimeError as exc:
@@ -145,8 +145,9 @@ def amp_run(rank, world_size, method, overlap, steps=4, overflow_step=2, overflo
     return out
 
 
-def amp_cases(rank, world_size, methods=("vote-1bit", "l1-pbit", "allreduce"), clip=None):
-    return {(m, o): amp_run(rank, world_size, m, o, clip=clip) for m in methods for o in (True, False)}
+def amp_cases(rank, world_size, methods=("vote-1bit", "l1-pbit", "allreduce"), clip=None, exact=True):
+    """amp_run with and without overlap; a clip is the exact one unless `exact` is False."""
+    return {(m, o): amp_run(rank, world_size, m, o, clip=clip, exact=exact) for m in methods for o in (True, False)}
 
 
 def plain_torch_scaler(rank, world_size):
