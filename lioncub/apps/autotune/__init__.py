@@ -7,7 +7,8 @@
 
 Every configuration's step time comes from the simulator (`lioncub.simulator.simulate_step`), with one
 `Cache` shared by the whole search, so each distinct collective (op, algorithm, size) is simulated once.
-The search itself imports no torch; only `--pilot` does (it trains).
+The search itself imports no torch; only `--pilot` (it trains), `--here` and `--model-fn` (they read the devices
+and time the model) do.
 
 The search space
 ----------------
@@ -26,6 +27,10 @@ The search space
   every:K is simulated as such; first/geometric cost the no-sync step plus their sync rate over the
   planned run times the simulated cost of one sync (the simulator's own amortization, made exact).
 
+The machine at hand: `measure_here(model, batch, loss_fn)` times the user's forward + backward and reads the
+devices and backend (`lioncub autotune --model-fn module:function --here`; here.py). Each configuration's bytes
+per step are split into those that stay inside the node and those that leave it (`node_split`).
+
 The convergence risk rule (see `risk`) and the pilot ranking (see `run_pilots`) are documented where they
 are defined and in docs/autotune.md; `recommend` picks from the search and `pilot_verdict` lets a pilot
 overrule that pick.
@@ -34,6 +39,7 @@ overrule that pick.
 from .cli import format_pilot, format_table, register, run
 from .clusters import CLUSTER_PRESETS, make_cluster
 from .config import NCCL_ALGO, build_config, collective_section, search_info, write_config
+from .here import Devices, Here, load_model_fn, measure_here, read_devices
 from .models import (
     BUILTIN,
     DEFAULT_GPU,
@@ -67,6 +73,7 @@ from .space import (
     SearchResult,
     default_schedules,
     l1_levels_candidates,
+    node_split,
     normalize_schedule,
     recommend,
     search,
@@ -74,9 +81,10 @@ from .space import (
 
 __all__ = ["BASELINE_BUCKET_MB", "BUILTIN", "CLUSTER_PRESETS", "DEFAULT_BUCKETS_MB", "DEFAULT_GPU",
            "DEFAULT_TOKENS", "EVERY_KS", "GEOMETRIC_KS", "GPUS", "MAX_LEVELS", "MEASURED_AT", "NCCL_ALGO",
-           "PILOT_RUNNERS", "PRESETS", "RISK_LEVELS", "RISK_RULE", "TARGET_AT", "UTILIZATION", "Candidate",
-           "ModelSpec", "SearchResult", "build_config", "builtin_params", "collective_section",
-           "default_schedules", "format_pilot", "format_table", "l1_levels_candidates", "level_of",
-           "make_cluster", "model_spec", "normalize_schedule", "parse_max_risk", "pilot_candidates", "pilot_node_size",
-           "pilot_to_dict", "pilot_verdict", "recommend", "register", "risk", "run", "run_pilots", "search",
-           "search_info", "smoothed", "unsynced_share", "write_config"]
+           "PILOT_RUNNERS", "PRESETS", "RISK_LEVELS", "RISK_RULE", "TARGET_AT", "UTILIZATION", "Candidate", "Devices",
+           "Here", "ModelSpec", "SearchResult", "build_config", "builtin_params", "collective_section",
+           "default_schedules", "format_pilot", "format_table", "l1_levels_candidates", "level_of", "load_model_fn",
+           "make_cluster", "measure_here", "model_spec", "node_split", "normalize_schedule", "parse_max_risk",
+           "pilot_candidates", "pilot_node_size", "pilot_to_dict", "pilot_verdict", "read_devices", "recommend",
+           "register", "risk", "run", "run_pilots", "search", "search_info", "smoothed", "unsynced_share",
+           "write_config"]

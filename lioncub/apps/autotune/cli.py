@@ -8,7 +8,7 @@ import sys
 from dataclasses import dataclass
 
 from lioncub import methods
-from lioncub.apps.tuned_lr import DEFAULT_LR
+from lioncub.apps.tuned_lr import ADAMW_DEFAULT_WD, ADAMW_TO_LION, DEFAULT_LR, lion_from_adamw
 from lioncub.files import check_writable
 from lioncub.simulator import Cluster, get_profile
 from lioncub.simulator.profiles import BackendProfile
@@ -38,7 +38,7 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
     """One row per configuration; `other_layout` maps a row's index to the same configuration in the other
     layout (flat <-> hierarchical), whose step time is a column."""
     head = ["#", "method", "levels", "sync / local", "bucket", "layout", "algorithms", "step", "speedup",
-            "run", "bytes/step", "memory", "risk"]
+            "run", "in node", "leaves node", "memory", "risk"]
     if other_layout is not None:
         head.insert(8, "other layout")
     body = []
@@ -47,7 +47,8 @@ def format_table(rows: list[Candidate], recommended: Candidate | None = None,
                c.sync_label, f"{c.bucket_mb:.3g} MiB", c.layout,
                c.algorithm_summary(), format_time(c.step_seconds), f"{c.speedup:.2f}x",
                f"{c.run_speedup:.2f}x" + (f" ({c.dense_steps} dense)" if c.dense_steps else ""),
-               format_size(c.bytes_per_step), f"{c.memory_fraction:.2f}", f"{c.risk['level']} {c.risk['score']:.2f}"]
+               format_size(c.bytes_inside_node_per_step), format_size(c.bytes_leaving_node_per_step),
+               f"{c.memory_fraction:.2f}", f"{c.risk['level']} {c.risk['score']:.2f}"]
         if other_layout is not None:
             t = other_layout.get(i - 1)
             row.insert(8, format_time(t.step_seconds) if t is not None else "-")
@@ -102,6 +103,7 @@ def register(sub) -> None:
     _model_arguments(p.add_argument_group("model"))
     _cluster_arguments(p.add_argument_group("cluster"))
     _search_arguments(p.add_argument_group("search"))
+    _lr_arguments(p.add_argument_group("lr and weight decay (Lion's, or converted from AdamW's)"))
     _pilot_arguments(p.add_argument_group("pilot (imports torch, trains)"))
     p.add_argument("--output", metavar="FILE", help="write the recommended configuration as JSON")
     p.add_argument("--json", action="store_true", help="print the ranked list (and recommendation) as JSON")
@@ -121,6 +123,15 @@ def _model_arguments(m) -> None:
     m.add_argument("--block-size", type=int, help="built-in char models: context length (default 64)")
     m.add_argument("--tokens", help="tokens per rank per step (overrides batch x seq-len)")
     m.add_argument("--compute-seconds", help="measured forward + backward time per step (e.g. 0.2, 180ms)")
+    m.add_argument("--model-fn", metavar="MODULE:FUNCTION",
+                   help="instead of --model/--params: your model, measured here (imports torch). FUNCTION (in an "
+                        "importable module or a file.py) takes no arguments and returns (model, batch) or (model, "
+                        "batch, loss_fn(model, batch) -> loss); batch is one rank's (a tensor, a tuple, or a mapping "
+                        "such as a Hugging Face batch with labels). Its trainable parameters are counted and "
+                        "forward + backward of the batch timed on the GPU if there is one (after warm-up: the median "
+                        "of --measure-steps)")
+    m.add_argument("--measure-steps", type=int, default=5, help="timed steps of --model-fn, after 2 warm-up steps "
+                                                                "(default 5)")
     m.add_argument("--flops", help="achieved FLOP/s per GPU instead of the GPU assumption (e.g. 150T)")
     m.add_argument("--gpu", default=DEFAULT_GPU, choices=sorted(GPUS),
                    help=f"GPU assumption for compute and kernel times (default {DEFAULT_GPU}: "
@@ -131,6 +142,10 @@ def _model_arguments(m) -> None:
 
 def _cluster_arguments(c) -> None:
     """The cluster: a preset or its shape, its links and the communication library."""
+    c.add_argument("--here", action="store_true",
+                   help="nodes like this machine (imports torch): its CUDA devices are the ranks per node and the "
+                        "backend nccl; without CUDA one CPU rank per node (torchrun's LOCAL_WORLD_SIZE if set) and "
+                        "gloo. --nodes says how many (default 1); explicit --gpus-per-node and --backend win")
     c.add_argument("--preset", help="named cluster (explicit flags override its fields): " + _presets_help())
     c.add_argument("--ranks", type=int, help="number of ranks (GPUs)")
     c.add_argument("--nodes", type=int, help="number of nodes (instead of --ranks)")
@@ -180,10 +195,24 @@ def _search_arguments(s) -> None:
                    help="a compressed method must beat the best allreduce by this factor to be recommended "
                         "(default 1.10)")
     s.add_argument("--top", type=int, help="show the N fastest configurations (default: the best of each method)")
-    s.add_argument("--lr", type=float, help="learning rate: the risk rule reads it against --tuned-lr; written to the "
-                                           "train section and used by pilots (default: TrainConfig's tuned one)")
     s.add_argument("--tuned-lr", type=float, help="the lr the model's allreduce baseline trains best at (default: a "
                                                  "built-in model's default lr; for another model, --lr taken as tuned)")
+
+
+def _lr_arguments(h) -> None:
+    """Lion's lr and weight decay: given, converted from AdamW's by the measured rule, or a built-in's default."""
+    rule = ADAMW_TO_LION
+    h.add_argument("--lr", type=float, help="Lion's learning rate: the risk rule reads it against --tuned-lr; "
+                                           "printed, written to the config and used by pilots (default: a built-in "
+                                           "model's tuned one, or converted from --adamw-lr)")
+    h.add_argument("--weight-decay", type=float, help="Lion's weight decay (default: a built-in model's 0.1, or "
+                                                     "converted from --adamw-weight-decay)")
+    h.add_argument("--adamw-lr", type=float,
+                   help=f"instead of --lr: the lr your model trains well at with AdamW; Lion's is it / "
+                        f"{rule['lr_divisor']:g} (measured: {rule['measured']}; docs/methods.md)")
+    h.add_argument("--adamw-weight-decay", type=float,
+                   help=f"with --adamw-lr: AdamW's weight decay (default {ADAMW_DEFAULT_WD:g}); Lion's is it x "
+                        f"{rule['wd_factor']:g}")
 
 
 def _pilot_arguments(pl) -> None:
@@ -259,19 +288,86 @@ class _Setup:
     methods: list
     buckets: list
     schedules: list | None
+    lion: dict | None = None  # Lion's lr and weight decay and where they come from (_lion_hyper), if known
+    here: dict | None = None  # --here / --model-fn: the devices read and the compute measured (here.py)
+
+
+def _lion_hyper(args, model: ModelSpec) -> dict | None:
+    """Lion's lr and weight decay, and their basis: --lr / --weight-decay as given, converted from --adamw-lr /
+    --adamw-weight-decay by the measured rule (tuned_lr.ADAMW_TO_LION), or a built-in model's defaults."""
+    for flag, v in (("--lr", args.lr), ("--tuned-lr", args.tuned_lr), ("--adamw-lr", args.adamw_lr)):
+        if v is not None and not v > 0:
+            raise ValueError(f"{flag} must be > 0, got {v:g}")
+    for flag, v in (("--weight-decay", args.weight_decay), ("--adamw-weight-decay", args.adamw_weight_decay)):
+        if v is not None and not v >= 0:
+            raise ValueError(f"{flag} must be >= 0, got {v:g}")
+    if args.adamw_weight_decay is not None and args.adamw_lr is None:
+        raise ValueError("--adamw-weight-decay goes with --adamw-lr (AdamW's lr)")
+    if args.adamw_lr is not None:
+        if args.lr is not None or args.weight_decay is not None:
+            raise ValueError("give Lion's --lr / --weight-decay or AdamW's --adamw-lr / --adamw-weight-decay, not both")
+        lr, wd = lion_from_adamw(args.adamw_lr, args.adamw_weight_decay)
+        awd = ADAMW_DEFAULT_WD if args.adamw_weight_decay is None else args.adamw_weight_decay
+        rule = ADAMW_TO_LION
+        return dict(lr=lr, weight_decay=wd, adamw=dict(lr=args.adamw_lr, weight_decay=awd),
+                    basis=f"from AdamW's lr {args.adamw_lr:g} / {rule['lr_divisor']:g} and weight decay {awd:g}"
+                          + (" (assumed: --adamw-weight-decay)" if args.adamw_weight_decay is None else "")
+                          + f" x {rule['wd_factor']:g}, as measured ({rule['measured']})")
+    default = DEFAULT_LR.get(model.name) if model.builtin else None
+    lr = args.lr if args.lr is not None else default
+    if lr is None:
+        return None if args.weight_decay is None else dict(lr=None, weight_decay=args.weight_decay, basis="given")
+    wd = args.weight_decay if args.weight_decay is not None else (0.1 if model.builtin else None)
+    basis = "given" if args.lr is not None else f"{model.name}'s tuned default (lioncub train's)"
+    return dict(lr=lr, weight_decay=wd, basis=basis)
+
+
+def _here(args):
+    """(ModelSpec or None, Devices or None, here dict or None): --model-fn measured and --here's devices read."""
+    if args.model_fn is None and not args.here:
+        return None, None, None
+    from .here import load_model_fn, measure_here, read_devices
+
+    spec, info = None, {}
+    if args.model_fn is not None:
+        if args.model is not None or args.params is not None:
+            raise ValueError("give --model, --params or --model-fn, not more than one")
+        if args.compute_seconds is not None or args.flops is not None:
+            raise ValueError("--model-fn measures the compute per step: drop --compute-seconds / --flops")
+        import torch
+
+        model, batch, loss_fn = load_model_fn(args.model_fn)
+        device = "cuda" if torch.cuda.is_available() else None
+        h = measure_here(model, batch, loss_fn, steps=args.measure_steps, device=device)
+        spec = ModelSpec(args.model_fn.rpartition(":")[2], h.params, h.compute_seconds, h.compute_basis,
+                         batch_size=args.batch)
+        info["measured"] = h.to_dict()
+        devices = h.devices
+    else:
+        devices = read_devices()
+    info["devices"] = dict(devices.__dict__, description=devices.describe()) if args.here else None
+    return spec, devices if args.here else None, info
 
 
 def _setup(args) -> _Setup:
-    for flag, v in (("--lr", args.lr), ("--tuned-lr", args.tuned_lr)):
-        if v is not None and not v > 0:
-            raise ValueError(f"{flag} must be > 0, got {v:g}")
-    model = model_spec(args.model, args.params, batch=args.batch, seq_len=args.seq_len, tokens=args.tokens,
-                       block_size=args.block_size, compute_seconds=args.compute_seconds, flops=args.flops,
-                       gpu=args.gpu)
-    cluster, cdesc = make_cluster(args.preset, ranks=args.ranks, nodes=args.nodes, gpus_per_node=args.gpus_per_node,
+    if args.measure_steps < 1:
+        raise ValueError(f"--measure-steps must be >= 1, got {args.measure_steps}")
+    measured, devices, here = _here(args)
+    model = measured or model_spec(args.model, args.params, batch=args.batch, seq_len=args.seq_len,
+                                   tokens=args.tokens, block_size=args.block_size,
+                                   compute_seconds=args.compute_seconds, flops=args.flops, gpu=args.gpu)
+    lion = _lion_hyper(args, model)
+    gpus, nodes = args.gpus_per_node, args.nodes
+    if devices is not None:
+        gpus = gpus if gpus is not None else devices.gpus_per_node
+        if args.preset is None and args.ranks is None and nodes is None:
+            nodes = 1  # --here alone: this machine
+    cluster, cdesc = make_cluster(args.preset, ranks=args.ranks, nodes=nodes, gpus_per_node=gpus,
                                   bandwidth=args.bandwidth, latency=args.latency,
                                   intra_bandwidth=args.intra_bandwidth)
-    backend = args.backend or ("gloo" if model.builtin else "nccl")
+    if devices is not None:
+        cdesc += f" (--here: {devices.describe()})"
+    backend = args.backend or (devices.backend if devices is not None else "gloo" if model.builtin else "nccl")
     if args.calibration:
         profile = BackendProfile.load(args.calibration, base=backend)
     else:
@@ -282,10 +378,15 @@ def _setup(args) -> _Setup:
         memory_bandwidth=(args.memory_bandwidth if args.memory_bandwidth is not None
                           else GPUS[args.gpu]["memory_bandwidth"]),
         max_risk=parse_max_risk(args.max_risk),
-        tuned_lr=args.tuned_lr or (DEFAULT_LR.get(model.name) if model.builtin else args.lr),
+        tuned_lr=args.tuned_lr or (DEFAULT_LR.get(model.name) if model.builtin else _given_lr(args, lion)),
         methods=_csv(args.methods, methods.check, "--methods") or list(methods.NAMES),
         buckets=_csv(args.bucket_mb, _float, "--bucket-mb") or list(DEFAULT_BUCKETS_MB),
-        schedules=_csv(args.momentum_sync, normalize_schedule, "--momentum-sync"))
+        schedules=_csv(args.momentum_sync, normalize_schedule, "--momentum-sync"), lion=lion, here=here)
+
+
+def _given_lr(args, lion: dict | None) -> float | None:
+    """The lr the user gave: --lr, or the one converted from --adamw-lr (what the risk rule reads)."""
+    return args.lr if args.lr is not None else lion["lr"] if lion and args.adamw_lr is not None else None
 
 
 def _search(args, st: _Setup) -> SearchResult:
@@ -293,7 +394,8 @@ def _search(args, st: _Setup) -> SearchResult:
                   methods=st.methods, bucket_mbs=st.buckets, momentum_syncs=st.schedules, levels=args.levels,
                   algorithms=args.algorithms, max_risk=st.max_risk, memory_bandwidth=st.memory_bandwidth,
                   overlap=not args.no_overlap, progress=sys.stderr.isatty() and not args.json,
-                  batch_size=args.batch, lr=args.lr, tuned_lr=st.tuned_lr, memory_per_rank=args.memory_per_rank,
+                  batch_size=args.batch, lr=_given_lr(args, st.lion), tuned_lr=st.tuned_lr,
+                  memory_per_rank=args.memory_per_rank,
                   local_steps=_local_steps(args.local_steps), fragments=_csv(args.fragments, _int, "--fragments") or (),
                   outer_delays=_csv(args.outer_delay, _int, "--outer-delay") or ())
 
@@ -314,7 +416,7 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
     """What was searched, the baseline, and the ranked table."""
     model = st.model
     say(f"model    {model.name}: {model.params / 1e6:.4g}M parameters; compute {model.compute_basis}")
-    if model.builtin and args.compute_seconds is None and args.flops is None:
+    if model.builtin and args.compute_seconds is None and args.flops is None and not args.here:
         say("         (built-in models train on CPU here: pass --compute-seconds, e.g. the compute_seconds "
             "that `lioncub train --json` reports)")
     say(f"cluster  {st.cluster_desc}; backend {st.profile.name}"
@@ -322,7 +424,9 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
     base = result.baseline
     say(f"baseline allreduce (fp32 DDP, {BASELINE_BUCKET_MB:g} MiB buckets): {format_time(base['step_seconds'])}"
         f"/step, exposed communication {format_time(base['exposed_communication_seconds'])}, "
-        f"{format_size(base['bytes_sent_per_rank'])} sent per rank per step")
+        f"{format_size(base['bytes_sent_per_rank'])} sent per rank per step: "
+        f"{format_size(base['bytes_inside_node_per_rank'])} inside the node, "
+        f"{format_size(base['bytes_leaving_node_per_rank'])} leaving it")
     sp = result.space
     say(f"search   {len(sp['methods'])} methods x l1 levels {sp['l1_levels']} x buckets "
         f"{', '.join(f'{b:g}' for b in sp['bucket_mb'])} MiB x layouts {'/'.join(sp['layouts'])} x "
@@ -344,7 +448,8 @@ def _report_search(say, args, st: _Setup, result: SearchResult, rec: Candidate |
         twins = {i: result.twin(c, other[c.layout]) for i, c in enumerate(rows)}
     say(("fastest configurations" if args.top else "fastest configuration of each method") + ", ranked by "
         "predicted mean step over the planned run (step and speedup: after the start; run: the speedup over the "
-        "whole run, its dense start steps included; bytes sent per rank per step; memory: parameters, gradients "
+        "whole run, its dense start steps included; in node / leaves node: bytes sent per rank per step to ranks of "
+        "the same node / through the node's NIC, its bytes over its ranks; memory: parameters, gradients "
         "and momenta per rank over an unsharded replica's; layout: flat, LionCub's hierarchical with nodes of "
         f"{sp['node_size']}, or sharded (FSDP2 inside those nodes, the method across them)"
         + ("; other layout: the same configuration's step in the other layout" if twins else "") + "):")
@@ -365,13 +470,14 @@ def _pilot(say, args, st: _Setup, result: SearchResult) -> dict:
     cands = pilot_candidates(result.ranked, args.pilot_top, args.pilot)
     pilot = run_pilots(cands, steps=args.pilot, ranks=pranks, model=pmodel,
                        batch_size=model.batch_size if pmodel == model.name else None,
-                       block_size=model.block_size if pmodel == model.name else None, lr=args.lr,
+                       block_size=model.block_size if pmodel == model.name else None, lr=_given_lr(args, st.lion),
                        target_loss=args.target_loss, runner=args.pilot_on, cluster=st.cluster, log=say)
     say(format_pilot(pilot))
     return pilot
 
 
-def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None, error=None) -> None:
+def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict | None, error=None,
+                           lion: dict | None = None) -> None:
     """The verdict and the recommended configuration; with a calibration's `error` band (the profile's
     forecast_error) its step and speedup carry their intervals."""
     from lioncub.simulator.step.model import interval, ratio_interval
@@ -384,9 +490,20 @@ def _report_recommendation(say, verdict: str, rec: Candidate | None, cfg: dict |
     within = f" ({format_time(band[0])}-{format_time(band[1])})" if band else ""
     say(f"recommended: {rec.label()}: predicted {format_time(rec.step_seconds)}{within}/step "
         f"({format_speedup(rec.speedup, ratio_interval(rec.speedup, error))}), "
-        f"{format_size(rec.bytes_per_step)}/step, risk {rec.risk['level']} ({rec.risk['score']:.2f})")
-    say("  LionCub(model.parameters(), lr=..., " + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items())
-        + ")")
+        f"{format_size(rec.bytes_per_step)}/step per rank ({format_size(rec.bytes_inside_node_per_step)} inside the "
+        f"node, {format_size(rec.bytes_leaving_node_per_step)} leaving it), risk {rec.risk['level']} "
+        f"({rec.risk['score']:.2f})")
+    hyper = [f"lr={lion['lr']:.3g}" if lion and lion.get("lr") is not None else "lr=..."]
+    if lion and lion.get("weight_decay") is not None:
+        hyper.append(f"weight_decay={lion['weight_decay']:.3g}")
+    say(f"  LionCub(model.parameters(), {', '.join(hyper)}, "
+        + ", ".join(f"{k}={v!r}" for k, v in cfg["optimizer"].items()) + ")")
+    rule = ADAMW_TO_LION
+    if lion and lion.get("lr") is not None:
+        say(f"  lr and weight decay: {lion['basis']}")
+    else:
+        say(f"  lr: Lion's (--lr), or from AdamW's: --adamw-lr LR [--adamw-weight-decay WD] gives lr / "
+            f"{rule['lr_divisor']:g} and weight decay x {rule['wd_factor']:g}, as measured ({rule['measured']})")
     if rec.layout == "sharded":
         say(f"  lioncub.attach_fsdp(model, opt, mesh): the model fully_shard'ed on mesh['shard'] of a (nodes, "
             f"{cfg['train']['node_size']}) mesh; memory per rank {rec.memory_fraction:.3f} of a replica's "
@@ -405,6 +522,7 @@ def _json_summary(args, st: _Setup, result: SearchResult, cfg: dict | None, verd
            "baseline": {k: v for k, v in result.baseline.items() if k != "collectives"},
            "model": st.model.to_dict(), "cluster": {**st.cluster.to_dict(), "description": st.cluster_desc,
                                                     "backend": st.profile.name},
+           "lion": st.lion, "here": st.here,
            "search": search_info(result)}
     if pilot is not None:
         out["pilot"] = pilot_to_dict(pilot)
@@ -430,10 +548,11 @@ def run(args) -> int:
     cfg = None
     if rec is not None:
         cfg = build_config(rec, result, st.model, st.cluster, st.cluster_desc, st.profile, verdict, steps=st.steps,
-                           lr=args.lr, calibration=args.calibration, backend=st.backend)
+                           lr=_given_lr(args, st.lion), calibration=args.calibration, backend=st.backend, lion=st.lion,
+                           here=st.here)
         if pilot is not None:
             cfg["pilot"] = pilot_to_dict(pilot)
-    _report_recommendation(say, verdict, rec, cfg, st.profile.forecast_error)
+    _report_recommendation(say, verdict, rec, cfg, st.profile.forecast_error, st.lion)
     if args.output:
         if cfg is None:
             raise ValueError("nothing to write: no configuration is within --max-risk")

@@ -68,8 +68,13 @@ def _bulk_allreduce(what: str) -> bool:
 
 def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: Cluster, cluster_desc: str,
                  profile: BackendProfile, verdict: str, *, steps: int, lr: float | None = None,
-                 calibration: str | None = None, backend: str | None = None) -> dict:
-    """The JSON config: `LionCub(params, **cfg["optimizer"])` and `lioncub train --config FILE` accept it."""
+                 calibration: str | None = None, backend: str | None = None, lion: dict | None = None,
+                 here: dict | None = None) -> dict:
+    """The JSON config: `LionCub(params, **cfg["optimizer"])` and `lioncub train --config FILE` accept it.
+
+    `lion`: Lion's lr and weight decay and their basis (given, converted from AdamW's, a built-in's default): in
+    the `lion` section and the train section (the optimizer section leaves them to the caller's
+    `LionCub(params, lr=cfg["lion"]["lr"], ...)`). `here`: the devices read and the compute measured."""
     opt = {"method": c.method, "bucket_mb": c.bucket_mb,
            "momentum_sync": None if c.momentum_sync == "none" or c.dense else c.momentum_sync}
     train = {"method": c.method, "momentum_sync": "none" if c.dense else c.momentum_sync, "bucket_mb": c.bucket_mb}
@@ -95,6 +100,8 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
             train["block_size"] = model.block_size
     if lr is not None:
         train["lr"] = lr
+    if lion:
+        train.update({k: lion[k] for k in ("lr", "weight_decay") if lion.get(k) is not None})
     base = result.baseline
     return {
         "lioncub_autotune": 1,
@@ -103,6 +110,9 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
         "collective": collective_section(c, backend or profile.name),
         "predicted": {
             "step_seconds": c.step_seconds, "speedup": c.speedup, "bytes_sent_per_rank": c.bytes_per_step,
+            "bytes_inside_node_per_rank": c.bytes_inside_node_per_step,
+            "bytes_leaving_node_per_rank": c.bytes_leaving_node_per_step,
+            "bytes_leaving_per_node": c.bytes_leaving_node_per_step * cluster.gpus_per_node,
             "dense_steps": c.dense_steps, "run_step_seconds": c.run_step_seconds, "run_speedup": c.run_speedup,
             "compute_seconds": c.compute_seconds, "codec_seconds": c.codec_seconds,
             "optimizer_seconds": c.optimizer_seconds, "communication_seconds": c.communication_seconds,
@@ -111,12 +121,16 @@ def build_config(c: Candidate, result: SearchResult, model: ModelSpec, cluster: 
             "memory_bytes_per_rank": c.memory_bytes_per_rank, "memory_fraction": c.memory_fraction,
             "baseline": {"method": methods.BASELINE, "bucket_mb": BASELINE_BUCKET_MB,
                          "step_seconds": base["step_seconds"], "bytes_sent_per_rank": base["bytes_sent_per_rank"],
+                         "bytes_inside_node_per_rank": base.get("bytes_inside_node_per_rank"),
+                         "bytes_leaving_node_per_rank": base.get("bytes_leaving_node_per_rank"),
                          "exposed_communication_seconds": base["exposed_communication_seconds"]},
             "verdict": verdict,
         },
         "cluster": {**cluster.to_dict(), "description": cluster_desc, "backend": profile.name,
                     "calibration": calibration, "profile": profile.to_dict()},
         "model": model.to_dict(),
+        "lion": lion,
+        "here": here,
         "risk": {**c.risk, "rule": RISK_RULE},
         "search": search_info(result),
     }

@@ -65,6 +65,16 @@ def l1_levels_candidates(ranks: int, extra_bits: int = 4) -> list[int]:
 NODE_VOTERS = ("hierarchical", "sharded")  # the layouts whose voters are the nodes (a node's mean gradient each)
 
 
+def node_split(r, gpus_per_node: int) -> tuple[float, float]:
+    """(bytes inside the node, bytes leaving it) per rank per step of a simulated step (a StepResult): what leaves
+    is what crosses the node's NIC outwards (nic_bytes_per_node, from the simulated messages) shared by its G
+    ranks; the rest of bytes_sent_per_rank goes to ranks of the same node. With one rank per node, all leaves."""
+    if gpus_per_node <= 1:  # (bytes_sent_per_rank is the busiest rank's, the NIC's the mean node's: trees differ)
+        return 0.0, r.bytes_sent_per_rank
+    leaving = r.nic_bytes_per_node / gpus_per_node
+    return max(0.0, r.bytes_sent_per_rank - leaving), leaving
+
+
 def _bucket_layout(params: int, bucket_mb: float) -> tuple[int, int]:
     per = max(1, int(bucket_mb * 2**20 // 4))
     return (min(per, params), params // per if per < params else 1)
@@ -86,7 +96,7 @@ class Candidate:
     communication_seconds: float
     exposed_communication_seconds: float
     momentum_sync_seconds: float
-    bytes_per_step: float  # sent per rank per step, syncs amortized
+    bytes_per_step: float  # sent per rank per step, syncs amortized (inside the node + leaving it)
     speedup: float  # over the reference baseline
     syncs_per_step: float
     collectives: list = field(default_factory=list)
@@ -107,6 +117,10 @@ class Candidate:
     local_steps: int | None = None
     fragments: int | None = None
     outer_delay: int | None = None
+    # bytes_per_step split: what goes to ranks of the same node, and what leaves the node (its NIC's bytes over
+    # its G ranks), per rank per step (node_split)
+    bytes_inside_node_per_step: float = 0.0
+    bytes_leaving_node_per_step: float = 0.0
 
     @property
     def dense(self) -> bool:
@@ -267,6 +281,8 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     step_kw = dict(compute_seconds=compute_seconds, backend=profile, memory_bandwidth=parse_byte_rate(memory_bandwidth),
                    overlap=overlap, cache=cache)
     base = simulate_step(cluster, registry.BASELINE, params, None, BASELINE_BUCKET_MB, **step_kw)
+    inside, leaving = node_split(base, cluster.gpus_per_node)
+    base_dict = dict(base.to_dict(), bytes_inside_node_per_rank=inside, bytes_leaving_node_per_rank=leaving)
     cands = _simulate_space(cluster, params, space, step_kw, base.step_seconds, steps, beta2, progress,
                             dict(batch_size=batch_size, lr=lr, tuned_lr=tuned_lr))
     locals_ = _local_space(space, local_steps, fragments, outer_delays)
@@ -283,7 +299,7 @@ def search(cluster: Cluster, params: int, compute_seconds: float, *, backend="nc
     ranked = [c for c in cands if c.risk["score"] <= max_risk and c.fits]
     space = dict(space, algorithms=algorithms, steps=steps, memory_per_rank=memory_per_rank,
                  algorithm_candidates={op: profile.candidates(op) for op in ("allreduce", "allgather", "alltoall")})
-    return SearchResult(cands, ranked, base.to_dict(), max_risk, time.perf_counter() - t0, len(cache.results),
+    return SearchResult(cands, ranked, base_dict, max_risk, time.perf_counter() - t0, len(cache.results),
                         space)
 
 
@@ -351,6 +367,7 @@ def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | No
     r = simulate_step(cluster, m, params, None, bucket, local_steps=H, fragments=F, outer_delay=D,
                       hierarchical=lay == "hierarchical", **step_kw)
     step = r.step_seconds
+    inside, leaving = node_split(r, cluster.gpus_per_node)
     return Candidate(
         method=m, levels=None, momentum_sync="none", bucket_mb=bucket, layout=lay, step_seconds=step,
         compute_seconds=r.compute_seconds, codec_seconds=r.codec_seconds, optimizer_seconds=r.optimizer_seconds,
@@ -358,7 +375,8 @@ def _local_candidate(cluster, params, key, step_kw, base_step) -> Candidate | No
         momentum_sync_seconds=0.0, bytes_per_step=r.bytes_sent_per_rank, speedup=base_step / step,
         syncs_per_step=0.0, collectives=r.collectives, risk=local_evidence.local_risk(m, lay, H, F, r.outer_delay),
         run_step_seconds=step, run_speedup=base_step / step, memory_bytes_per_rank=r.memory_bytes_per_rank,
-        memory_fraction=r.memory_fraction, local_steps=H, fragments=r.fragments, outer_delay=r.outer_delay)
+        memory_fraction=r.memory_fraction, local_steps=H, fragments=r.fragments, outer_delay=r.outer_delay,
+        bytes_inside_node_per_step=inside, bytes_leaving_node_per_step=leaving)
 
 
 def _l1_levels(voters: int, levels: int | None) -> list[int]:
@@ -456,11 +474,11 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
     r0 = sim(None)
 
     @functools.cache
-    def per_sync() -> tuple[float, float, float]:
-        """One sync's seconds, bytes sent and bytes the adaptive guard's credit counts."""
+    def per_sync() -> tuple[float, float, float, float]:
+        """One sync's seconds, bytes sent, bytes the adaptive guard's credit counts and bytes leaving the node."""
         r1 = sim(1)
         return (r1.momentum_sync_seconds, r1.bytes_sent_per_rank - r0.bytes_sent_per_rank,
-                _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G))
+                _credit_bytes(r1, lay, G) - _credit_bytes(r0, lay, G), node_split(r1, G)[1] - node_split(r0, G)[1])
 
     out = []
     for s in (["none"] if registry.get(m).dense or cluster.ranks == 1 else space["momentum_syncs"]):
@@ -469,12 +487,12 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
         # start may run longer)
         n_dense = dense_warmup_for(rk["level"], steps)
         if s == "none":
-            r, rate, extra_t, extra_b = r0, 0.0, 0.0, 0.0
+            r, rate, extra_t, extra_b, extra_out = r0, 0.0, 0.0, 0.0, 0.0
         elif s.startswith("every:") and lay != "sharded":
             r = sim(int(s.split(":")[1]))
-            rate, extra_t, extra_b = 1.0 / r.momentum_sync, 0.0, 0.0
+            rate, extra_t, extra_b, extra_out = 1.0 / r.momentum_sync, 0.0, 0.0, 0.0
         else:  # (the sharded step syncs after everything else: its every:K step is the no-sync step + sync / K)
-            seconds, sent, credit = per_sync()
+            seconds, sent, credit, sync_leaving = per_sync()
             if s.startswith("adaptive"):
                 n_dense, rate = _guard_price(s, steps, beta2, n_dense, _credit_bytes(r0, lay, G),
                                              _credit_bytes(dense, lay, G), credit)
@@ -482,8 +500,10 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
                 if s not in memo.rates:
                     memo.rates[s] = 1 / int(s[6:]) if s.startswith("every:") else len(_sync_steps(s, steps)) / steps
                 rate = memo.rates[s]
-            r, extra_t, extra_b = r0, rate * seconds, rate * sent
+            r, extra_t, extra_b, extra_out = r0, rate * seconds, rate * sent, rate * sync_leaving
         step = r.step_seconds + extra_t
+        inside, leaving = node_split(r, G)
+        leaving += extra_out
         run_step = (n_dense * dense.step_seconds + (steps - n_dense) * step) / steps
         out.append(Candidate(
             method=m, levels=lv, momentum_sync=s, bucket_mb=b, layout=lay, step_seconds=step,
@@ -494,7 +514,8 @@ def _group_candidates(cluster, params, group, space, step_kw, base_step, steps, 
             speedup=base_step / step if step > 0 else math.inf, syncs_per_step=rate, collectives=r.collectives,
             risk=rk, dense_steps=n_dense, dense_step_seconds=dense.step_seconds if n_dense else 0.0,
             run_step_seconds=run_step, run_speedup=base_step / run_step if run_step > 0 else math.inf,
-            memory_bytes_per_rank=r.memory_bytes_per_rank, memory_fraction=r.memory_fraction))
+            memory_bytes_per_rank=r.memory_bytes_per_rank, memory_fraction=r.memory_fraction,
+            bytes_inside_node_per_step=max(0.0, inside + extra_b - extra_out), bytes_leaving_node_per_step=leaving))
     return out
 
 
