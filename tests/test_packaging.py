@@ -128,6 +128,15 @@ def test_the_optimizer_trains_with_only_torch_and_numpy(tmp_path):
     assert out.stdout.split() == ["steps", "3"]
 
 
+def test_the_readme_loop_runs_with_only_torch_and_numpy(tmp_path):
+    from test_docs import blocks
+
+    loop = next(b for b in blocks(ROOT / "README.md") if b.lang == "python")
+    out = run_clean(tmp_path, loop.body + "\nprint('trained', opt.stats.steps)\n")
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split()[-2:] == ["trained", "20"]
+
+
 def test_a_plot_without_matplotlib_is_one_line(tmp_path):
     out = run_clean(tmp_path, """
         from lioncub.optional import pyplot
