@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import golden_cases
 import torch
 from dist_cases import flat
 from safe_cases import BUCKET_MB, LR, _layout, batch, listen, model, momenta, replicas_equal
@@ -30,10 +29,3 @@ def run(rank, world_size, method, exact, clips=(1e-3, 1e-3, 1e-3), overlap=True)
 
 def both(rank, world_size, method, clips):
     return {exact: run(rank, world_size, method, exact, clips) for exact in (False, True)}
-
-
-def golden_exact(rank, world_size, options):
-    """A golden case (tests/golden) with clip_grad_norm_(..., exact=True): the arithmetic recorded before."""
-    clip = LionCub.clip_grad_norm_
-    LionCub.clip_grad_norm_ = lambda self, max_norm: clip(self, max_norm, exact=True)
-    return golden_cases.run_case(rank, world_size, options)

@@ -1,12 +1,10 @@
 """Clipping keeps the overlap (issue 51, item 2): opt.clip_grad_norm_ at a norm that bites leaves the vote taken
 during backward standing (its codec read the previous step's coefficient; lioncub.optim.clipping), on every
-rank alike; exact=True is the exact clip, bit for bit what the golden digests recorded before."""
+rank alike; exact=True is the exact clip, bit for bit what the golden digests recorded before (tests/golden: the
+*-clip cases call it)."""
 
-import json
-from pathlib import Path
 
 import clip_overlap_cases as cases
-import golden_cases
 import pytest
 import safe_cases
 import torch
@@ -47,12 +45,3 @@ def test_the_loss_scaler_and_a_clip_that_bites_keep_the_overlap():
         r = report[("vote-pbit", True)]
         assert r["changed"] == [True, False, True, True] and r["opt_steps"] == 3, rank
         assert r["replicas_equal"] and r["overlapped"] == 2, rank
-
-
-@pytest.mark.parametrize("name", ["vote-1bit-clip", "l1-pbit-clip"])
-def test_the_exact_clip_is_the_recorded_arithmetic(name):
-    recorded = json.loads((Path(golden_cases.__file__).parent / "digests.json").read_text())["optimizer"][name]
-    _, world, options = next(c for c in golden_cases.CASES if c[0] == name)
-    ranks = spawn(cases.golden_exact, world, options, threads=1, timeout=300)
-    assert dict(params=[r["params"] for r in ranks], momenta=[r["momenta"] for r in ranks],
-                stats=ranks[0]["stats"]) == recorded
