@@ -268,7 +268,8 @@ def save(path: str, model: torch.nn.Module, opt, extra: dict | None = None, *, t
     if not seen:
         meet.count("unshared", 1)
     meet.barrier()  # (every rank has looked before any moves it)
-    _replace(path, tmp, meet.token)
+    if opt.rank == 0 or not seen:  # on a shared filesystem rank 0 alone swaps the folders: no two ranks race on it
+        _replace(path, tmp, meet.token)
     unshared = meet.finish("unshared")
     if not seen:
         log.warning("lioncub.checkpoint.save: rank %d does not see the .metadata that rank 0 wrote in %s: that "
@@ -385,9 +386,10 @@ _MISSING = {
 
 
 def _replace(path: str, tmp: str, token: str) -> None:
-    """Put the finished save `tmp` in `path`'s place: the first rank to get here on each filesystem does it (an
-    exclusive lock file), moving the old checkpoint aside first and deleting it last, so that some complete
-    checkpoint is on disk at every moment; `load` finds the new one if a job dies between the two renames."""
+    """Put the finished save `tmp` in `path`'s place (rank 0, and ranks that do not see rank 0's files: there the
+    first rank to get here on each filesystem does it, by an exclusive lock file), moving the old checkpoint aside
+    first and deleting it last, so that some complete checkpoint is on disk at every moment; `load` finds the new
+    one if a job dies between the two renames."""
     lock = os.path.join(tmp, ".lioncub-replacing")
     try:
         os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
